@@ -1,0 +1,91 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tests import reference
+from tfm import attention as attn
+from tfm.config import ModelConfig
+from tfm.layers import EncoderLayer, FeedForward, MultiHeadAttention, sinusoidal_encoding
+
+
+def test_sinusoidal_encoding_matches_section_3_5():
+    positions = jnp.arange(50)
+    np.testing.assert_allclose(
+        sinusoidal_encoding(positions, 16), reference.sinusoids(50, 16), atol=1e-5
+    )
+    # arbitrary position arrays (packed rows restart at 0) give the same rows
+    packed = jnp.array([[0, 1, 2, 0, 1]])
+    table = reference.sinusoids(3, 16)
+    np.testing.assert_allclose(
+        sinusoidal_encoding(packed, 16)[0], table[[0, 1, 2, 0, 1]], atol=1e-6
+    )
+
+
+def test_multi_head_equals_concat_of_single_heads_times_w_o():
+    module = MultiHeadAttention(num_heads=3, d_k=5, d_v=7, d_model=12)
+    rng = np.random.default_rng(0)
+    x_q = rng.normal(size=(2, 4, 12)).astype(np.float32)
+    x_kv = rng.normal(size=(2, 6, 12)).astype(np.float32)
+    mask = attn.key_padding_mask(jnp.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], bool))
+    variables = module.init(jax.random.key(1), x_q, x_kv, mask)
+    params = variables["params"]
+    assert params["query"]["kernel"].shape == (12, 3, 5)
+    assert params["value"]["kernel"].shape == (12, 3, 7)
+    assert params["out"]["kernel"].shape == (3, 7, 12)
+    out = module.apply(variables, x_q, x_kv, mask)
+    np.testing.assert_allclose(out, reference.multi_head(params, x_q, x_kv, mask), atol=1e-5)
+
+
+def test_feed_forward_is_relu_mlp():
+    module = FeedForward(d_model=6, d_ff=10)
+    x = np.random.default_rng(1).normal(size=(2, 3, 6)).astype(np.float32)
+    variables = module.init(jax.random.key(0), x)
+    np.testing.assert_allclose(
+        module.apply(variables, x), reference.feed_forward(variables["params"], x), atol=1e-5
+    )
+
+
+def _encoder_layer_reference(params, x, mask, norm):
+    def ln(y, p):
+        return reference.layer_norm(y, np.asarray(p["scale"]), np.asarray(p["bias"]))
+
+    attn_norm = params["attention_block"]["norm"]
+    ffn_norm = params["feed_forward_block"]["norm"]
+    if norm == "post":  # LayerNorm(x + Sublayer(x)), section 3.1
+        x = ln(x + reference.multi_head(params["self_attention"], x, x, mask), attn_norm)
+        return ln(x + reference.feed_forward(params["feed_forward"], x), ffn_norm)
+    y = ln(x, attn_norm)
+    x = x + reference.multi_head(params["self_attention"], y, y, mask)
+    return x + reference.feed_forward(params["feed_forward"], ln(x, ffn_norm))
+
+
+def test_encoder_layer_post_and_pre_ln_match_numpy():
+    x = np.random.default_rng(2).normal(size=(2, 5, 8)).astype(np.float32)
+    mask = attn.key_padding_mask(jnp.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool))
+    for norm in ("post", "pre"):
+        config = ModelConfig(
+            vocab_size=10, d_model=8, d_ff=16, num_heads=2, d_k=3, d_v=5, norm=norm
+        )
+        layer = EncoderLayer(config)
+        variables = layer.init(jax.random.key(3), x, mask)
+        # perturb LayerNorm parameters away from (1, 0) so the test sees them
+        variables = jax.tree.map(
+            lambda p: p + 0.1 * jnp.cos(jnp.arange(p.size)).reshape(p.shape), variables
+        )
+        out = layer.apply(variables, x, mask)
+        expected = _encoder_layer_reference(variables["params"], x, mask, norm)
+        np.testing.assert_allclose(out, expected, atol=1e-4, err_msg=norm)
+
+
+def test_dropout_only_when_not_deterministic():
+    config = ModelConfig(
+        vocab_size=10, d_model=8, d_ff=16, num_heads=2, d_k=4, d_v=4, dropout_rate=0.5
+    )
+    layer = EncoderLayer(config)
+    x = np.random.default_rng(4).normal(size=(1, 5, 8)).astype(np.float32)
+    variables = layer.init(jax.random.key(0), x, None)
+    a = layer.apply(variables, x, None, True)
+    b = layer.apply(variables, x, None, False, rngs={"dropout": jax.random.key(1)})
+    c = layer.apply(variables, x, None, False, rngs={"dropout": jax.random.key(1)})
+    assert not np.allclose(a, b)
+    np.testing.assert_array_equal(b, c)

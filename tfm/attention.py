@@ -1,0 +1,173 @@
+"""Scaled dot-product attention (section 3.2.1, Eq. 1), its masks, and head split/merge.
+
+Pure functions of arrays: no Flax, no parameters. Shapes follow one convention throughout:
+queries `[batch, q_len, heads, d_k]`, keys `[batch, kv_len, heads, d_k]`, values
+`[batch, kv_len, heads, d_v]`, masks broadcastable to `[batch, heads, q_len, kv_len]` and True
+where attending is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+Implementation = Literal["reference", "xla", "cudnn"]
+
+
+def padding_mask(q_valid: Array, kv_valid: Array) -> Array:
+    """`[batch, 1, q_len, kv_len]` mask allowing query i to see key j when both are real tokens.
+
+    Args:
+      q_valid: `[batch, q_len]` bool, True for real (non-pad) query positions.
+      kv_valid: `[batch, kv_len]` bool, True for real key positions.
+    """
+    return q_valid[:, None, :, None] & kv_valid[:, None, None, :]
+
+
+def key_padding_mask(kv_valid: Array) -> Array:
+    """`[batch, 1, 1, kv_len]` mask hiding padded keys only (every query row attends)."""
+    return kv_valid[:, None, None, :]
+
+
+def causal_mask(length: int) -> Array:
+    """`[1, 1, length, length]` mask letting position i see positions <= i (section 3.2.3)."""
+    return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None]
+
+
+def segment_mask(q_segments: Array, kv_segments: Array) -> Array:
+    """`[batch, 1, q_len, kv_len]` mask for packed rows: attend only inside the same segment.
+
+    Segment ids are positive for real tokens and 0 for padding, so padding never attends or is
+    attended to.
+    """
+    same = q_segments[:, None, :, None] == kv_segments[:, None, None, :]
+    real = (q_segments[:, None, :, None] > 0) & (kv_segments[:, None, None, :] > 0)
+    return same & real
+
+
+def combine_masks(*masks: Array | None) -> Array | None:
+    """Logical AND of the masks that are not None (broadcasting), or None if all are None."""
+    present = [m for m in masks if m is not None]
+    if not present:
+        return None
+    combined = present[0]
+    for mask in present[1:]:
+        combined = combined & mask
+    return combined
+
+
+def split_heads(x: Array, num_heads: int) -> Array:
+    """`[batch, length, heads * d]` -> `[batch, length, heads, d]`."""
+    batch, length, width = x.shape
+    if width % num_heads:
+        raise ValueError(f"width {width} is not divisible by num_heads={num_heads}")
+    return x.reshape(batch, length, num_heads, width // num_heads)
+
+
+def merge_heads(x: Array) -> Array:
+    """`[batch, length, heads, d]` -> `[batch, length, heads * d]` (the Concat of section 3.2.2)."""
+    batch, length, heads, depth = x.shape
+    return x.reshape(batch, length, heads * depth)
+
+
+def attention_weights(q: Array, k: Array, mask: Array | None = None) -> Array:
+    """softmax(Q K^T / sqrt(d_k)) of Eq. 1, `[batch, heads, q_len, kv_len]`, always float32.
+
+    Masked logits are excluded from the softmax; a query row with nothing to attend to gets all-zero
+    weights (not NaN, not uniform).
+    """
+    d_k = q.shape[-1]
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    logits = logits.astype(jnp.float32) / math.sqrt(d_k)
+    if mask is None:
+        return jax.nn.softmax(logits, axis=-1)
+    mask = jnp.broadcast_to(mask, logits.shape)
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(logits, axis=-1)
+    # A fully masked row would otherwise spread its weight uniformly over forbidden keys.
+    return jnp.where(mask, weights, 0.0)
+
+
+def weighted_values(weights: Array, v: Array) -> Array:
+    """The "... V" of Eq. 1: `[batch, heads, q_len, kv_len]` weights times `[batch, kv_len, heads,
+    d_v]` values -> `[batch, q_len, heads, d_v]` in the dtype of `v`, accumulated in float32."""
+    out = jnp.einsum(
+        "bhqk,bkhd->bqhd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32
+    )
+    return out.astype(v.dtype)
+
+
+def scaled_dot_product_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Array | None = None,
+    *,
+    implementation: Implementation = "reference",
+    dropout_rate: float = 0.0,
+    dropout_rng: Array | None = None,
+) -> Array:
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (Eq. 1), per head.
+
+    Args:
+      q: `[batch, q_len, heads, d_k]`.
+      k: `[batch, kv_len, heads, d_k]`.
+      v: `[batch, kv_len, heads, d_v]`.
+      mask: bool, broadcastable to `[batch, heads, q_len, kv_len]`, True where attending is allowed.
+      implementation: "reference" (this module's einsums; softmax in float32), or "xla" / "cudnn"
+        through `jax.nn.dot_product_attention` (fused kernels on GPU).
+      dropout_rate: dropout on the attention weights (reference implementation only).
+      dropout_rng: PRNG key for that dropout; no dropout when None.
+
+    Returns:
+      `[batch, q_len, heads, d_v]` in the dtype of `v`. Query rows with no allowed key are zero.
+    """
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k need the same d_k, got {q.shape[-1]} and {k.shape[-1]}")
+    if implementation == "reference":
+        weights = attention_weights(q, k, mask)
+        if dropout_rate > 0.0 and dropout_rng is not None:
+            keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+            weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+        return weighted_values(weights, v)
+    if implementation in ("xla", "cudnn"):
+        if dropout_rate > 0.0 and dropout_rng is not None:
+            raise ValueError(
+                f"attention implementation {implementation!r} has no attention-weight dropout; "
+                "use implementation='reference' or attention_dropout_rate=0"
+            )
+        return _fused_attention(q, k, v, mask, implementation)
+    raise ValueError(
+        f"implementation must be 'reference', 'xla' or 'cudnn', got {implementation!r}"
+    )
+
+
+def _fused_attention(
+    q: Array, k: Array, v: Array, mask: Array | None, implementation: Literal["xla", "cudnn"]
+) -> Array:
+    """Eq. 1 through `jax.nn.dot_product_attention`, which needs one head width for K and V.
+
+    When d_k != d_v (Table 3 row B) the narrower side is zero-padded: zeros add nothing to Q K^T
+    and produce extra output columns that are sliced off; the scale stays 1/sqrt(d_k).
+    """
+    d_k, d_v = q.shape[-1], v.shape[-1]
+    width = max(d_k, d_v)
+
+    def pad(x: Array) -> Array:
+        extra = width - x.shape[-1]
+        return x if extra == 0 else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)])
+
+    if mask is not None:
+        mask = jnp.broadcast_to(mask, (q.shape[0], mask.shape[1], q.shape[1], k.shape[1]))
+    out = jax.nn.dot_product_attention(
+        pad(q), pad(k), pad(v), mask=mask, scale=1.0 / math.sqrt(d_k), implementation=implementation
+    )[..., :d_v]
+    if mask is not None:
+        # Fused kernels give a fully masked row a uniform average; the contract is zeros.
+        has_key = jnp.any(mask, axis=-1)  # [batch, heads_or_1, q_len]
+        out = jnp.where(jnp.transpose(has_key, (0, 2, 1))[..., None], out, 0)
+    return out.astype(v.dtype)

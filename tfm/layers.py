@@ -1,0 +1,317 @@
+"""The Transformer's building blocks (sections 3.1-3.5) as small Flax linen modules.
+
+Every module holds parameters and little else; the arithmetic lives in `tfm.attention` and in the
+few lines of each `__call__`. Activations are `[batch, length, d_model]`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from tfm import attention as attn
+from tfm.config import ModelConfig
+
+Array = jax.Array
+
+
+def compute_dtype(config: ModelConfig) -> jnp.dtype:
+    """The activation / matmul dtype named by `config.dtype`."""
+    return jnp.dtype(config.dtype)
+
+
+def sinusoidal_encoding(positions: Array, d_model: int) -> Array:
+    """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same).
+
+    Args:
+      positions: integer array of any shape `[...]` (token positions, from 0).
+      d_model: even width.
+    Returns:
+      float32 `[..., d_model]`, sines in even columns and cosines in odd columns.
+    """
+    two_i = jnp.arange(0, d_model, 2, dtype=jnp.float32)
+    angles = positions[..., None].astype(jnp.float32) / jnp.power(10_000.0, two_i / d_model)
+    encoding = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+    return encoding.reshape(*positions.shape, d_model)
+
+
+class SharedEmbedding(nn.Module):
+    """ONE `[vocab, d_model]` matrix for the source embedding, the target embedding and the
+    pre-softmax projection (section 3.4); lookups are scaled by sqrt(d_model)."""
+
+    vocab_size: int
+    d_model: int
+    dtype: jnp.dtype = jnp.float32
+
+    def setup(self) -> None:
+        self.table = self.param(
+            "embedding",
+            nn.initializers.normal(stddev=self.d_model**-0.5),
+            (self.vocab_size, self.d_model),
+            jnp.float32,
+        )
+
+    def __call__(self, ids: Array) -> Array:
+        """`[batch, length]` ids -> `[batch, length, d_model]` embeddings times sqrt(d_model)."""
+        return (jnp.take(self.table, ids, axis=0) * math.sqrt(self.d_model)).astype(self.dtype)
+
+    def logits(self, x: Array) -> Array:
+        """Pre-softmax linear layer with the shared weights: `[..., d_model]` -> float32
+        `[..., vocab]`."""
+        return jnp.einsum(
+            "...d,vd->...v",
+            x.astype(self.dtype),
+            self.table.astype(self.dtype),
+            preferred_element_type=jnp.float32,
+        ).astype(jnp.float32)
+
+
+class LearnedPositions(nn.Module):
+    """Learned positional embeddings (Table 3 row E): one trained vector per position."""
+
+    max_len: int
+    d_model: int
+
+    @nn.compact
+    def __call__(self, positions: Array) -> Array:
+        table = self.param(
+            "positions",
+            nn.initializers.normal(stddev=0.02),
+            (self.max_len, self.d_model),
+            jnp.float32,
+        )
+        return jnp.take(table, positions, axis=0)
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K,
+    V W_i^V) (section 3.2.2). h, d_k and d_v are independent (Table 3 rows A and B).
+
+    Projections are kept per head (`[d_model, heads, d_k]`), which is the same linear map as one
+    `[d_model, heads * d_k]` matrix followed by a head split.
+    """
+
+    num_heads: int
+    d_k: int
+    d_v: int
+    d_model: int
+    attention_dropout_rate: float = 0.0
+    implementation: attn.Implementation = "reference"
+    dtype: jnp.dtype = jnp.float32
+
+    def setup(self) -> None:
+        # DenseGeneral flattens the head axes for the initializer, so Glorot sees
+        # [d_model, heads * d] exactly as for one big projection matrix.
+        dense = dict(
+            use_bias=False,
+            dtype=self.dtype,
+            param_dtype=jnp.float32,
+            kernel_init=nn.initializers.xavier_uniform(),
+        )
+        self.query = nn.DenseGeneral((self.num_heads, self.d_k), **dense)
+        self.key = nn.DenseGeneral((self.num_heads, self.d_k), **dense)
+        self.value = nn.DenseGeneral((self.num_heads, self.d_v), **dense)
+        self.out = nn.DenseGeneral(self.d_model, axis=(-2, -1), **dense)
+
+    def project_kv(self, inputs_kv: Array) -> tuple[Array, Array]:
+        """K = X W^K `[batch, kv_len, heads, d_k]` and V = X W^V `[batch, kv_len, heads, d_v]`."""
+        return self.key(inputs_kv), self.value(inputs_kv)
+
+    def attend(
+        self, inputs_q: Array, k: Array, v: Array, mask: Array | None, deterministic: bool = True
+    ) -> Array:
+        """Project the queries, apply Eq. 1 against already projected K/V, then W^O."""
+        q = self.query(inputs_q)
+        use_dropout = self.attention_dropout_rate > 0.0 and not deterministic
+        if self.implementation == "reference":
+            weights = attn.attention_weights(q, k, mask)
+            # Visible to callers that ask for mutable=["intermediates"] (attention plots).
+            self.sow("intermediates", "attention_weights", weights)
+            if use_dropout:
+                weights = nn.Dropout(self.attention_dropout_rate)(weights, deterministic=False)
+            heads = attn.weighted_values(weights, v)
+        else:
+            heads = attn.scaled_dot_product_attention(
+                q, k, v, mask, implementation=self.implementation
+            )
+        return self.out(heads)
+
+    def __call__(
+        self,
+        inputs_q: Array,
+        inputs_kv: Array,
+        mask: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        """`[batch, q_len, d_model]` queries attend over `[batch, kv_len, d_model]` inputs."""
+        k, v = self.project_kv(inputs_kv)
+        return self.attend(inputs_q, k, v, mask, deterministic)
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position alone (section 3.3)."""
+
+    d_model: int
+    d_ff: int
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        dense = dict(
+            dtype=self.dtype, param_dtype=jnp.float32, kernel_init=nn.initializers.xavier_uniform()
+        )
+        hidden = nn.relu(nn.Dense(self.d_ff, name="inner", **dense)(x))
+        return nn.Dense(self.d_model, name="outer", **dense)(hidden)
+
+
+class ResidualSublayer(nn.Module):
+    """One residual block around a sub-layer (section 5.4 / 3.1).
+
+    post-LN (the paper): LayerNorm(x + Dropout(Sublayer(x))).
+    pre-LN (option):     x + Dropout(Sublayer(LayerNorm(x))).
+    """
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(
+        self, x: Array, sublayer: Callable[[Array], Array], deterministic: bool = True
+    ) -> Array:
+        norm = nn.LayerNorm(
+            epsilon=self.config.layer_norm_epsilon,
+            dtype=compute_dtype(self.config),
+            param_dtype=jnp.float32,
+            name="norm",
+        )
+        dropout = nn.Dropout(self.config.dropout_rate)
+        if self.config.norm == "pre":
+            return x + dropout(sublayer(norm(x)), deterministic=deterministic)
+        return norm(x + dropout(sublayer(x), deterministic=deterministic))
+
+
+def _attention(config: ModelConfig, name: str) -> MultiHeadAttention:
+    return MultiHeadAttention(
+        num_heads=config.num_heads,
+        d_k=config.d_k,
+        d_v=config.d_v,
+        d_model=config.d_model,
+        attention_dropout_rate=config.attention_dropout_rate,
+        implementation=config.attention,
+        dtype=compute_dtype(config),
+        name=name,
+    )
+
+
+class EncoderLayer(nn.Module):
+    """Encoder layer (section 3.1): self-attention, then the feed-forward network."""
+
+    config: ModelConfig
+
+    def setup(self) -> None:
+        self.self_attention = _attention(self.config, "self_attention")
+        self.feed_forward = FeedForward(
+            self.config.d_model, self.config.d_ff, compute_dtype(self.config)
+        )
+        self.attention_block = ResidualSublayer(self.config)
+        self.feed_forward_block = ResidualSublayer(self.config)
+
+    def __call__(self, x: Array, mask: Array | None, deterministic: bool = True) -> Array:
+        """`[batch, src_len, d_model]` -> same shape; `mask` is the source self-attention mask."""
+        x = self.attention_block(
+            x, lambda y: self.self_attention(y, y, mask, deterministic), deterministic
+        )
+        return self.feed_forward_block(x, self.feed_forward, deterministic)
+
+
+class DecoderLayer(nn.Module):
+    """Decoder layer (section 3.1): masked self-attention, attention over the final encoder
+    output (queries from the decoder, keys/values projected by this layer's own W^K, W^V), then
+    the feed-forward network."""
+
+    config: ModelConfig
+
+    def setup(self) -> None:
+        self.self_attention = _attention(self.config, "self_attention")
+        self.cross_attention = _attention(self.config, "cross_attention")
+        self.feed_forward = FeedForward(
+            self.config.d_model, self.config.d_ff, compute_dtype(self.config)
+        )
+        self.self_attention_block = ResidualSublayer(self.config)
+        self.cross_attention_block = ResidualSublayer(self.config)
+        self.feed_forward_block = ResidualSublayer(self.config)
+
+    def __call__(
+        self,
+        y: Array,
+        encoded: Array,
+        self_mask: Array | None,
+        cross_mask: Array | None,
+        deterministic: bool = True,
+    ) -> Array:
+        """Teacher forcing: `[batch, tgt_len, d_model]` decoder input and `[batch, src_len,
+        d_model]` final encoder output -> `[batch, tgt_len, d_model]`."""
+        cross_k, cross_v = self.cross_attention.project_kv(encoded)
+        y = self.self_attention_block(
+            y, lambda z: self.self_attention(z, z, self_mask, deterministic), deterministic
+        )
+        return self._cross_and_feed_forward(y, cross_k, cross_v, cross_mask, deterministic)
+
+    def cross_kv(self, encoded: Array) -> tuple[Array, Array]:
+        """This layer's K, V of the final encoder output, computed once per source for decoding."""
+        return self.cross_attention.project_kv(encoded)
+
+    def step(
+        self,
+        y: Array,
+        self_k: Array,
+        self_v: Array,
+        cross_k: Array,
+        cross_v: Array,
+        position: Array,
+        cross_mask: Array | None,
+    ) -> tuple[Array, Array, Array]:
+        """One incremental decoding step for `[batch, 1, d_model]` input at `position`.
+
+        Writes this step's self-attention K/V into the `[batch, max_len, heads, d]` caches at
+        `position` and attends over positions <= `position`. Returns the output and both caches.
+        """
+
+        def self_attend(z: Array) -> Array:
+            nonlocal self_k, self_v
+            k, v = self.self_attention.project_kv(z)
+            self_k = jax.lax.dynamic_update_slice_in_dim(
+                self_k, k.astype(self_k.dtype), position, axis=1
+            )
+            self_v = jax.lax.dynamic_update_slice_in_dim(
+                self_v, v.astype(self_v.dtype), position, axis=1
+            )
+            visible = jnp.arange(self_k.shape[1]) <= position
+            return self.self_attention.attend(z, self_k, self_v, visible[None, None, None, :])
+
+        y = self.self_attention_block(y, self_attend)
+        y = self._cross_and_feed_forward(y, cross_k, cross_v, cross_mask, True)
+        return y, self_k, self_v
+
+    def _cross_and_feed_forward(
+        self,
+        y: Array,
+        cross_k: Array,
+        cross_v: Array,
+        cross_mask: Array | None,
+        deterministic: bool,
+    ) -> Array:
+        y = self.cross_attention_block(
+            y,
+            lambda z: self.cross_attention.attend(z, cross_k, cross_v, cross_mask, deterministic),
+            deterministic,
+        )
+        return self.feed_forward_block(y, self.feed_forward, deterministic)
+
+
+def position_ids(length: int, batch: int) -> Array:
+    """Default positions 0..length-1 for every row, `[batch, length]` int32."""
+    return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))

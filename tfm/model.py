@@ -1,0 +1,227 @@
+"""The Transformer (section 3, Figure 1): teacher-forced training pass and incremental decoding.
+
+Incremental decoding uses an explicit cache value (`DecodeCache`), not a mutable Flax collection:
+`init_cache` computes every decoder layer's cross-attention K/V once from the encoder output and
+allocates empty self-attention K/V; `decode_step` takes the cache and returns a new one, so a
+`lax.scan` can carry it.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from tfm import attention as attn
+from tfm.config import ModelConfig
+from tfm.layers import (
+    DecoderLayer,
+    EncoderLayer,
+    LearnedPositions,
+    SharedEmbedding,
+    compute_dtype,
+    position_ids,
+    sinusoidal_encoding,
+)
+
+Array = jax.Array
+PAD_ID = 0
+
+
+@struct.dataclass
+class LayerCache:
+    """One decoder layer's attention state during incremental decoding.
+
+    self_k: `[batch, max_len, heads, d_k]`, self_v: `[batch, max_len, heads, d_v]` — the decoder's
+    own keys/values, written one position per step. cross_k: `[batch, src_len, heads, d_k]`,
+    cross_v: `[batch, src_len, heads, d_v]` — this layer's projection of the final encoder output,
+    computed once.
+    """
+
+    self_k: Array
+    self_v: Array
+    cross_k: Array
+    cross_v: Array
+
+
+@struct.dataclass
+class DecodeCache:
+    """Everything `decode_step` needs besides parameters: per-layer caches and `[batch, src_len]`
+    source validity (True for real tokens), which masks padded source positions."""
+
+    layers: tuple[LayerCache, ...]
+    src_valid: Array
+
+    @property
+    def max_len(self) -> int:
+        return self.layers[0].self_k.shape[1]
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer with one shared embedding matrix (section 3.4).
+
+    Token id 0 is padding. `tgt_in` is the target shifted right (starting with the BOS id).
+    Packed rows (several sentence pairs in one row) pass `*_segments` (1, 2, ... per pair, 0 for
+    padding) and `*_positions` (restarting at 0 for each pair); attention never crosses pairs.
+    """
+
+    config: ModelConfig
+
+    def setup(self) -> None:
+        c = self.config
+        self.embedding = SharedEmbedding(c.vocab_size, c.d_model, compute_dtype(c))
+        if c.positional == "learned":
+            self.src_position_table = LearnedPositions(c.max_len, c.d_model)
+            self.tgt_position_table = LearnedPositions(c.max_len, c.d_model)
+        encoder_cls, decoder_cls = EncoderLayer, DecoderLayer
+        if c.remat:
+            # Argument 0 is the module itself; `deterministic` must stay a Python bool.
+            encoder_cls = nn.remat(EncoderLayer, static_argnums=(3,))
+            decoder_cls = nn.remat(DecoderLayer, static_argnums=(5,))
+        self.encoder_layers = [encoder_cls(c, name=f"encoder_{i}") for i in range(c.num_layers)]
+        self.decoder_layers = [decoder_cls(c, name=f"decoder_{i}") for i in range(c.num_layers)]
+        self.embedding_dropout = nn.Dropout(c.dropout_rate)
+        if c.norm == "pre":
+            norm = dict(
+                epsilon=c.layer_norm_epsilon, dtype=compute_dtype(c), param_dtype=jnp.float32
+            )
+            self.encoder_norm = nn.LayerNorm(**norm)
+            self.decoder_norm = nn.LayerNorm(**norm)
+
+    def _embed(self, ids: Array, positions: Array, side: str, deterministic: bool) -> Array:
+        """Dropout(Embedding(ids) * sqrt(d_model) + PE(positions)) (sections 3.4, 3.5, 5.4)."""
+        if self.config.positional == "learned":
+            table = self.src_position_table if side == "src" else self.tgt_position_table
+            encoding = table(positions)
+        else:
+            encoding = sinusoidal_encoding(positions, self.config.d_model)
+        x = self.embedding(ids) + encoding.astype(compute_dtype(self.config))
+        return self.embedding_dropout(x, deterministic=deterministic)
+
+    def encode(
+        self,
+        src: Array,
+        src_segments: Array | None = None,
+        src_positions: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        """Encoder stack: `[batch, src_len]` ids -> `[batch, src_len, d_model]` final output."""
+        if src_positions is None:
+            src_positions = position_ids(src.shape[1], src.shape[0])
+        if src_segments is None:
+            mask = attn.key_padding_mask(src != PAD_ID)
+        else:
+            mask = attn.segment_mask(src_segments, src_segments)
+        x = self._embed(src, src_positions, "src", deterministic)
+        for layer in self.encoder_layers:
+            x = layer(x, mask, deterministic)
+        if self.config.norm == "pre":
+            x = self.encoder_norm(x)
+        return x
+
+    def decode(
+        self,
+        encoded: Array,
+        src: Array,
+        tgt_in: Array,
+        src_segments: Array | None = None,
+        tgt_segments: Array | None = None,
+        tgt_positions: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        """Decoder stack with teacher forcing: float32 logits `[batch, tgt_len, vocab]`.
+
+        `encoded` is the FINAL encoder output `[batch, src_len, d_model]`; every decoder layer's
+        cross-attention reads it.
+        """
+        if (src_segments is None) != (tgt_segments is None):
+            raise ValueError(
+                "packed rows need both src_segments and tgt_segments (or neither); got only "
+                + ("src_segments" if tgt_segments is None else "tgt_segments")
+            )
+        length = tgt_in.shape[1]
+        if tgt_positions is None:
+            tgt_positions = position_ids(length, tgt_in.shape[0])
+        causal = attn.causal_mask(length)
+        if tgt_segments is None:
+            # Target padding is trailing, so the causal mask alone keeps real positions from
+            # seeing it; padded positions then compute exactly what decode_step would.
+            self_mask = causal
+            cross_mask = attn.key_padding_mask(src != PAD_ID)
+        else:
+            self_mask = causal & attn.segment_mask(tgt_segments, tgt_segments)
+            cross_mask = attn.segment_mask(tgt_segments, src_segments)
+        y = self._embed(tgt_in, tgt_positions, "tgt", deterministic)
+        for layer in self.decoder_layers:
+            y = layer(y, encoded, self_mask, cross_mask, deterministic)
+        return self._logits(y)
+
+    def _logits(self, y: Array) -> Array:
+        if self.config.norm == "pre":
+            y = self.decoder_norm(y)
+        return self.embedding.logits(y)
+
+    def __call__(
+        self,
+        src: Array,
+        tgt_in: Array,
+        src_segments: Array | None = None,
+        tgt_segments: Array | None = None,
+        src_positions: Array | None = None,
+        tgt_positions: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        """Training pass: `[batch, src_len]` source and `[batch, tgt_len]` shifted target ids ->
+        float32 logits `[batch, tgt_len, vocab]`. Dropout is active when `deterministic=False`
+        (needs a "dropout" RNG)."""
+        encoded = self.encode(src, src_segments, src_positions, deterministic)
+        return self.decode(
+            encoded, src, tgt_in, src_segments, tgt_segments, tgt_positions, deterministic
+        )
+
+    def init_cache(self, encoded: Array, src: Array, max_len: int | None = None) -> DecodeCache:
+        """Decoding state for `[batch, src_len, d_model]` encoder output of `[batch, src_len]` ids.
+
+        Cross-attention K/V are computed here, once; self-attention K/V are zeros of length
+        `max_len` (default `config.max_len`), filled by `decode_step`.
+        """
+        c = self.config
+        max_len = c.max_len if max_len is None else max_len
+        if c.positional == "learned" and max_len > c.max_len:
+            raise ValueError(
+                f"max_len={max_len} exceeds the learned position table (ModelConfig.max_len="
+                f"{c.max_len})"
+            )
+        batch = src.shape[0]
+        dtype = compute_dtype(c)
+        layers = []
+        for layer in self.decoder_layers:
+            cross_k, cross_v = layer.cross_kv(encoded)
+            layers.append(
+                LayerCache(
+                    self_k=jnp.zeros((batch, max_len, c.num_heads, c.d_k), dtype),
+                    self_v=jnp.zeros((batch, max_len, c.num_heads, c.d_v), dtype),
+                    cross_k=cross_k.astype(dtype),
+                    cross_v=cross_v.astype(dtype),
+                )
+            )
+        return DecodeCache(layers=tuple(layers), src_valid=src != PAD_ID)
+
+    def decode_step(
+        self, cache: DecodeCache, tokens: Array, position: Array | int
+    ) -> tuple[Array, DecodeCache]:
+        """One autoregressive step: `[batch]` last tokens at scalar `position` (0 for the BOS
+        token) -> float32 logits `[batch, vocab]` for the next token, and the updated cache."""
+        position = jnp.asarray(position, jnp.int32)
+        positions = jnp.broadcast_to(position, (tokens.shape[0], 1))
+        y = self._embed(tokens[:, None], positions, "tgt", deterministic=True)
+        cross_mask = attn.key_padding_mask(cache.src_valid)
+        new_layers = []
+        for layer, state in zip(self.decoder_layers, cache.layers, strict=True):
+            y, self_k, self_v = layer.step(
+                y, state.self_k, state.self_v, state.cross_k, state.cross_v, position, cross_mask
+            )
+            new_layers.append(state.replace(self_k=self_k, self_v=self_v))
+        logits = self._logits(y)[:, 0]
+        return logits, cache.replace(layers=tuple(new_layers))
