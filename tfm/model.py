@@ -24,9 +24,9 @@ from tfm.layers import (
     position_ids,
     sinusoidal_encoding,
 )
+from tfm.tokens import PAD_ID
 
 Array = jax.Array
-PAD_ID = 0
 
 
 @struct.dataclass
