@@ -1,0 +1,135 @@
+"""One SentencePiece BPE vocabulary shared by source and target (section 5.1), trained once on
+the training split and cached in the data dir under a key of corpus and settings.
+
+Special ids (`tfm.tokens`): 0 pad, 1 BOS, 2 EOS, 3 unk. Normalisation is the identity and bytes
+fall back to byte pieces, so decode(encode(text)) == text for any text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import pathlib
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+from tfm.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+TRAINER_SETTINGS = dict(
+    model_type="bpe",
+    character_coverage=0.9995,
+    byte_fallback=True,
+    normalization_rule_name="identity",
+    remove_extra_whitespaces=False,
+    split_digits=True,
+    pad_id=PAD_ID,
+    bos_id=BOS_ID,
+    eos_id=EOS_ID,
+    unk_id=UNK_ID,
+    input_sentence_size=4_000_000,
+    shuffle_input_sentence=True,
+    max_sentence_length=16_384,
+    hard_vocab_limit=False,
+)
+
+
+class Tokenizer:
+    """Text <-> ids with a trained SentencePiece model."""
+
+    def __init__(self, model_path: str | pathlib.Path):
+        self.path = pathlib.Path(model_path)
+        if not self.path.is_file():
+            raise FileNotFoundError(
+                f"{self.path}: no SentencePiece model; run "
+                "`python -m tfm.data.prepare SPEC --data_dir DIR` first"
+            )
+        try:
+            self._processor = spm.SentencePieceProcessor(model_file=str(self.path))
+        except (OSError, RuntimeError) as error:
+            raise ValueError(
+                f"{self.path}: not a readable SentencePiece model ({error}); delete "
+                "it and prepare again"
+            ) from error
+        if self._processor.pad_id() != PAD_ID or self._processor.eos_id() != EOS_ID:
+            raise ValueError(
+                f"{self.path}: special ids differ from tfm's (pad 0, bos 1, eos 2, "
+                "unk 3); it was not trained by tfm"
+            )
+
+    @property
+    def vocab_size(self) -> int:
+        return self._processor.get_piece_size()
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text`, without BOS/EOS."""
+        return self._processor.encode(text)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return self._processor.encode(list(texts), num_threads=2)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of `ids`, stopping at the first EOS and ignoring pad and BOS."""
+        kept = []
+        for token in np.asarray(list(ids)).tolist():
+            if token == EOS_ID:
+                break
+            if token not in (PAD_ID, BOS_ID):
+                kept.append(token)
+        return self._processor.decode(kept)
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        return [self._processor.id_to_piece(int(i)) for i in ids]
+
+
+def settings_key(corpus_slug: str, vocab_size: int) -> str:
+    """Cache key of a vocabulary: corpus, size and trainer settings."""
+    blob = json.dumps(
+        dict(corpus=corpus_slug, vocab_size=vocab_size, **TRAINER_SETTINGS), sort_keys=True
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def train_tokenizer(
+    texts: Iterable[str],
+    vocab_size: int,
+    model_path: str | pathlib.Path,
+    seed_sentencepiece_size: int = 1_000_000,
+) -> Tokenizer:
+    """Train a BPE model on `texts` (both languages) and write it atomically to model_path."""
+    model_path = pathlib.Path(model_path)
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=(text for text in texts if text),
+        model_writer=buffer,
+        vocab_size=vocab_size,
+        seed_sentencepiece_size=seed_sentencepiece_size,
+        num_threads=2,
+        minloglevel=2,
+        **TRAINER_SETTINGS,
+    )
+    partial = model_path.with_suffix(".partial")
+    partial.write_bytes(buffer.getvalue())
+    partial.replace(model_path)
+    return Tokenizer(model_path)
+
+
+def load_or_train(
+    train_pairs: Sequence[tuple[str, str]],
+    corpus_slug: str,
+    vocab_size: int,
+    data_dir: str | pathlib.Path,
+) -> Tokenizer:
+    """The cached vocabulary for this corpus and size, trained on its training pairs if absent."""
+    path = (
+        pathlib.Path(data_dir)
+        / "vocab"
+        / (f"{corpus_slug}-{vocab_size}-{settings_key(corpus_slug, vocab_size)}.model")
+    )
+    if path.is_file():
+        return Tokenizer(path)
+    texts = (text for pair in train_pairs for text in pair)
+    return train_tokenizer(texts, vocab_size, path)

@@ -1,0 +1,210 @@
+"""The training recipe of section 5: label-smoothed cross-entropy, the Eq. 3 learning-rate
+schedule, Adam(0.9, 0.98, 1e-9), and pure `train_step` / `eval_step` functions.
+
+A batch is a dict of int32 arrays (see `tfm.data.pipeline`): src, tgt_in, tgt_out [rows, L] and,
+for packed rows, src_segments, tgt_segments, src_positions, tgt_positions. With gradient
+accumulation every array has a leading micro-batch axis [micro, rows, L]; the k micro-batches'
+summed gradients are divided by the total token count, so they equal one big batch exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from tfm.model import Transformer
+from tfm.tokens import PAD_ID
+
+Array = jax.Array
+PACKED_KEYS = ("src_segments", "tgt_segments", "src_positions", "tgt_positions")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Recipe values (section 5.3, 5.4). `learning_rate_scale` multiplies Eq. 3."""
+
+    label_smoothing: float = 0.1
+    warmup_steps: int = 4000
+    learning_rate_scale: float = 1.0
+    adam_b1: float = 0.9
+    adam_b2: float = 0.98
+    adam_eps: float = 1e-9
+    grad_clip_norm: float | None = None
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.warmup_steps < 1:
+            raise ValueError(f"warmup_steps must be >= 1, got {self.warmup_steps}")
+        if self.grad_clip_norm is not None and self.grad_clip_norm <= 0:
+            raise ValueError(f"grad_clip_norm must be > 0 or None, got {self.grad_clip_norm}")
+
+
+def learning_rate(
+    step: Array | int, d_model: int, warmup_steps: int = 4000, scale: float = 1.0
+) -> Array:
+    """Eq. 3: lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), step from 1."""
+    step = jnp.maximum(jnp.asarray(step, jnp.float32), 1.0)
+    return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
+
+
+def make_optimizer(config: TrainConfig, d_model: int) -> optax.GradientTransformation:
+    """Adam with the Eq. 3 schedule; optional global-norm clipping and decoupled weight decay.
+
+    optax counts updates from 0; the schedule is given update + 1 so the first update uses
+    Eq. 3 at step 1.
+    """
+
+    def schedule(count):
+        return learning_rate(count + 1, d_model, config.warmup_steps, config.learning_rate_scale)
+
+    parts = []
+    if config.grad_clip_norm is not None:
+        parts.append(optax.clip_by_global_norm(config.grad_clip_norm))
+    parts.append(
+        optax.adamw(
+            schedule,
+            b1=config.adam_b1,
+            b2=config.adam_b2,
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+        )
+    )
+    return optax.chain(*parts)
+
+
+def label_smoothed_cross_entropy(
+    logits: Array, targets: Array, smoothing: float
+) -> dict[str, Array]:
+    """Sums over non-pad target tokens (section 5.4, label smoothing eps_ls).
+
+    The smoothed target puts 1 - eps on the reference token and eps / vocab on every token.
+    Returns loss (smoothed cross-entropy), nll (plain negative log-likelihood) and tokens (count
+    of non-pad targets), each summed, float32.
+    """
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    weights = (targets != PAD_ID).astype(jnp.float32)
+    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    uniform = -jnp.mean(log_probs, axis=-1)
+    loss = (1.0 - smoothing) * nll + smoothing * uniform
+    return dict(loss=jnp.sum(loss * weights), nll=jnp.sum(nll * weights), tokens=jnp.sum(weights))
+
+
+@struct.dataclass
+class TrainState:
+    """Everything a step changes: step count, parameters, optimizer state, dropout RNG."""
+
+    step: Array
+    params: Any
+    opt_state: Any
+    rng: Array
+
+
+def init_train_state(
+    model: Transformer,
+    optimizer: optax.GradientTransformation,
+    rng: Array,
+    example_batch: dict[str, Array],
+) -> TrainState:
+    """Parameters from `rng` for the shapes of `example_batch` (micro-batch axis allowed)."""
+    init_rng, dropout_rng = jax.random.split(rng)
+    src, tgt_in = example_batch["src"], example_batch["tgt_in"]
+    if src.ndim == 3:
+        src, tgt_in = src[0], tgt_in[0]
+    params = model.init(init_rng, src[:1], tgt_in[:1])["params"]
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=optimizer.init(params),
+        rng=dropout_rng,
+    )
+
+
+def _model_inputs(batch: dict[str, Array]) -> dict[str, Array]:
+    return {key: batch[key] for key in PACKED_KEYS if key in batch}
+
+
+def batch_loss(
+    model: Transformer, params, batch: dict[str, Array], smoothing: float, dropout_rng: Array | None
+) -> dict[str, Array]:
+    """Summed loss terms of one (micro-)batch; dropout on when `dropout_rng` is given."""
+    deterministic = dropout_rng is None
+    logits = model.apply(
+        {"params": params},
+        batch["src"],
+        batch["tgt_in"],
+        deterministic=deterministic,
+        rngs=None if deterministic else {"dropout": dropout_rng},
+        **_model_inputs(batch),
+    )
+    return label_smoothed_cross_entropy(logits, batch["tgt_out"], smoothing)
+
+
+def _accumulated_gradients(model, params, batch, smoothing, rng):
+    """Summed gradients and loss terms over the micro-batch axis (if any)."""
+
+    def sums_and_grads(micro_batch, micro_rng):
+        def objective(p):
+            terms = batch_loss(model, p, micro_batch, smoothing, micro_rng)
+            return terms["loss"], terms
+
+        (_, terms), grads = jax.value_and_grad(objective, has_aux=True)(params)
+        return grads, terms
+
+    if batch["src"].ndim == 2:
+        return sums_and_grads(batch, rng)
+    micro = batch["src"].shape[0]
+    rngs = jax.random.split(rng, micro)
+
+    def body(carry, xs):
+        grads, terms = sums_and_grads(*xs)
+        return jax.tree.map(jnp.add, carry, (grads, terms)), None
+
+    zeros = (
+        jax.tree.map(jnp.zeros_like, params),
+        dict(loss=jnp.zeros(()), nll=jnp.zeros(()), tokens=jnp.zeros(())),
+    )
+    (grads, terms), _ = jax.lax.scan(body, zeros, (batch, rngs))
+    return grads, terms
+
+
+def train_step(
+    state: TrainState,
+    batch: dict[str, Array],
+    *,
+    model: Transformer,
+    optimizer: optax.GradientTransformation,
+    smoothing: float,
+) -> tuple[TrainState, dict[str, Array]]:
+    """One update on the per-token mean of the label-smoothed loss over all non-pad targets.
+
+    Metrics: loss and nll per token, tokens, grad_norm, learning rate.
+    """
+    step_rng = jax.random.fold_in(state.rng, state.step)
+    grads, terms = _accumulated_gradients(model, state.params, batch, smoothing, step_rng)
+    tokens = jnp.maximum(terms["tokens"], 1.0)
+    grads = jax.tree.map(lambda g: g / tokens, grads)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(
+        loss=terms["loss"] / tokens,
+        nll=terms["nll"] / tokens,
+        tokens=terms["tokens"],
+        grad_norm=optax.global_norm(grads),
+    )
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    return new_state, metrics
+
+
+def eval_step(
+    params, batch: dict[str, Array], *, model: Transformer, smoothing: float
+) -> dict[str, Array]:
+    """Summed loss, nll and token count of one batch without dropout (sum over batches, then
+    perplexity = exp(nll / tokens))."""
+    return batch_loss(model, params, batch, smoothing, None)
