@@ -36,8 +36,11 @@ class PipelineConfig:
     batch_tokens: padded tokens per side per global batch (the paper: ~25000).
     max_len: longest sequence per side, EOS included.
     overlong: "drop" or "truncate" pairs with a side longer than max_len.
-    buckets: padded lengths; None = about 8 lengths spread up to max_len. Each bucket is one
-      batch shape, so jit compiles at most len(buckets) programs (1 when packing).
+    buckets: padded lengths; None = the `num_buckets` lengths that minimise padding for this
+      split's length distribution. Each bucket is one batch shape, so jit compiles at most
+      that many programs (1 when packing).
+    num_buckets: how many shapes to choose when `buckets` is None.
+    bucket_multiple: bucket lengths are multiples of this (8 suits TPU tiles).
     pack: put several pairs in one row of length max_len (segment ids keep them apart).
     row_multiple: rows per batch are a multiple of this (processes x local devices).
     """
@@ -46,6 +49,8 @@ class PipelineConfig:
     max_len: int = 128
     overlong: Literal["drop", "truncate"] = "drop"
     buckets: tuple[int, ...] | None = None
+    num_buckets: int = 8
+    bucket_multiple: int = 1
     pack: bool = False
     row_multiple: int = 1
     seed: int = 0
@@ -63,16 +68,6 @@ class PipelineConfig:
             )
         if self.row_multiple < 1:
             raise ValueError(f"row_multiple must be >= 1, got {self.row_multiple}")
-
-    def bucket_lengths(self) -> tuple[int, ...]:
-        if self.pack:
-            return (self.max_len,)
-        if self.buckets:
-            lengths = sorted(set(min(b, self.max_len) for b in self.buckets) | {self.max_len})
-            return tuple(lengths)
-        # roughly geometric, multiples of 8, at most 8 shapes
-        lengths = np.unique(np.ceil(np.geomspace(8, self.max_len, 8) / 8) * 8).astype(int)
-        return tuple(sorted(set(int(x) for x in lengths if x < self.max_len) | {self.max_len}))
 
     def rows_for(self, length: int) -> int:
         rows = (self.batch_tokens // length) // self.row_multiple * self.row_multiple
@@ -181,9 +176,61 @@ def select_examples(split: TokenizedSplit, config: PipelineConfig) -> Examples:
     )
 
 
-def plan_epoch(examples: Examples, config: PipelineConfig, epoch: int) -> list[list[list[int]]]:
+def optimal_buckets(
+    lengths: np.ndarray, max_len: int, count: int, multiple: int = 1
+) -> tuple[int, ...]:
+    """At most `count` padded lengths (multiples of `multiple`, the last = max_len) that
+    minimise the total padding of `lengths` when each is padded to the next bucket: dynamic
+    programming over the length histogram."""
+    candidates = sorted(
+        {min(max_len, -(-int(n) // multiple) * multiple) for n in np.unique(lengths)} | {max_len}
+    )
+    histogram = np.bincount(lengths, minlength=max_len + 1).astype(np.float64)
+    counts = np.cumsum(histogram)
+    totals = np.cumsum(histogram * np.arange(max_len + 1))
+
+    def padding(lo: int, hi: int) -> float:
+        """Padding of lengths in (lo, hi] padded to hi."""
+        n = counts[hi] - counts[lo]
+        return n * hi - (totals[hi] - totals[lo])
+
+    m = len(candidates)
+    # best[k][j]: least padding covering lengths <= candidates[j] with k buckets, last at j
+    best = np.full((count + 1, m), np.inf)
+    parent = np.zeros((count + 1, m), np.int64)
+    for j, hi in enumerate(candidates):
+        best[1, j] = padding(0, hi)
+    for k in range(2, count + 1):
+        for j in range(m):
+            for i in range(j):
+                cost = best[k - 1, i] + padding(candidates[i], candidates[j])
+                if cost < best[k, j]:
+                    best[k, j], parent[k, j] = cost, i
+    k = int(np.argmin(best[1:, m - 1])) + 1
+    chosen, j = [], m - 1
+    while k >= 1:
+        chosen.append(candidates[j])
+        j = parent[k, j]
+        k -= 1
+    return tuple(sorted(set(chosen)))
+
+
+def bucket_lengths(examples: Examples, config: PipelineConfig) -> tuple[int, ...]:
+    """The padded lengths batches use (one when packing)."""
+    if config.pack:
+        return (config.max_len,)
+    if config.buckets:
+        return tuple(sorted({min(b, config.max_len) for b in config.buckets} | {config.max_len}))
+    lengths = np.maximum(examples.src_lengths, examples.tgt_lengths)
+    return optimal_buckets(lengths, config.max_len, config.num_buckets, config.bucket_multiple)
+
+
+def plan_epoch(
+    examples: Examples, config: PipelineConfig, epoch: int, buckets: tuple[int, ...] | None = None
+) -> list[list[list[int]]]:
     """Global batches of one epoch: batch -> rows -> positions into `examples` (empty row = all
     padding). A pure function of (config.seed, epoch)."""
+    buckets = buckets or bucket_lengths(examples, config)
     rng = np.random.default_rng([config.seed, epoch])
     order = (
         rng.permutation(len(examples.indices))
@@ -193,15 +240,15 @@ def plan_epoch(examples: Examples, config: PipelineConfig, epoch: int) -> list[l
     if config.pack:
         batches = _plan_packed(order, examples, config)
     else:
-        batches = _plan_bucketed(order, examples, config)
+        batches = _plan_bucketed(order, examples, config, buckets)
     if config.shuffle:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches
 
 
-def _plan_bucketed(order, examples: Examples, config: PipelineConfig):
+def _plan_bucketed(order, examples: Examples, config: PipelineConfig, buckets):
     lengths = np.maximum(examples.src_lengths, examples.tgt_lengths)
-    buckets = np.asarray(config.bucket_lengths())
+    buckets = np.asarray(buckets)
     bucket_of = np.searchsorted(buckets, lengths)
     batches = []
     for b, length in enumerate(buckets):
@@ -348,11 +395,12 @@ class BatchPipeline:
         self.examples = select_examples(split, config)
         if len(self.examples.indices) == 0:
             raise ValueError("no pair survives the length filter; raise max_len")
+        self.buckets = bucket_lengths(self.examples, config)
         self._plans: dict[int, list] = {}
 
     def plan(self, epoch: int) -> list[list[list[int]]]:
         if epoch not in self._plans:
-            self._plans = {epoch: plan_epoch(self.examples, self.config, epoch)}
+            self._plans = {epoch: plan_epoch(self.examples, self.config, epoch, self.buckets)}
         return self._plans[epoch]
 
     def row_length(self, rows: Sequence[Sequence[int]]) -> int:
@@ -367,8 +415,7 @@ class BatchPipeline:
             ),
             default=1,
         )
-        buckets = self.config.bucket_lengths()
-        return buckets[int(np.searchsorted(buckets, longest))]
+        return self.buckets[int(np.searchsorted(self.buckets, longest))]
 
     def local_batch(self, rows: Sequence[Sequence[int]]) -> Batch:
         """This process's contiguous slice of a global batch's rows, assembled."""

@@ -211,7 +211,9 @@ def load_corpus(
 
         def split_source(split):
             try:
-                return tfds.data_source(spec.argument, split=split, data_dir=data_dir)
+                return tfds.data_source(
+                    spec.argument, split=split, data_dir=data_dir, download=False
+                )
             except Exception as error:  # TFDS raises several types for "not prepared"
                 raise CorpusError(
                     f"TFDS dataset {spec.argument!r} (split {split!r}) is not prepared in "

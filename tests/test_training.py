@@ -1,0 +1,163 @@
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from tfm import ModelConfig, Transformer, training
+from tfm.tokens import BOS_ID, EOS_ID
+
+
+def test_schedule_matches_eq3():
+    for d_model, warmup in ((512, 4000), (256, 100)):
+        for step in (1, 10, warmup - 1, warmup, warmup + 1, 10 * warmup, 100_000):
+            expected = d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+            got = float(training.learning_rate(step, d_model, warmup))
+            assert math.isclose(got, expected, rel_tol=1e-5), (step, got, expected)
+    # the peak is at warmup_steps
+    steps = np.arange(1, 20000)
+    assert int(np.argmax(training.learning_rate(steps, 512, 4000))) + 1 == 4000
+
+
+def test_optimizer_applies_eq3_from_step_one():
+    config = training.TrainConfig(warmup_steps=10)
+    optimizer = training.make_optimizer(config, d_model=64)
+    params = {"w": jnp.zeros(3)}
+    state = optimizer.init(params)
+    grads = {"w": jnp.ones(3)}
+    updates, state = optimizer.update(grads, state, params)
+    # Adam's first update is lr * g / (|g| + eps) = lr (bias-corrected), at step 1
+    np.testing.assert_allclose(-updates["w"], float(training.learning_rate(1, 64, 10)), rtol=1e-4)
+
+
+def _numpy_smoothed_loss(logits, targets, eps):
+    logits = np.asarray(logits, np.float64)
+    log_probs = logits - logits.max(-1, keepdims=True)
+    log_probs = log_probs - np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    vocab = logits.shape[-1]
+    loss = nll = count = 0.0
+    for index in np.ndindex(targets.shape):
+        target = targets[index]
+        if target == 0:
+            continue
+        q = np.full(vocab, eps / vocab)
+        q[target] += 1 - eps
+        loss += -(q * log_probs[index]).sum()
+        nll += -log_probs[index][target]
+        count += 1
+    return loss, nll, count
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.2])
+def test_label_smoothed_loss_matches_numpy(eps):
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 5, 11)).astype(np.float32) * 3
+    targets = rng.integers(1, 11, (3, 5))
+    targets[0, 3:] = 0
+    targets[2, 1:] = 0
+    got = training.label_smoothed_cross_entropy(jnp.asarray(logits), jnp.asarray(targets), eps)
+    loss, nll, count = _numpy_smoothed_loss(logits, targets, eps)
+    np.testing.assert_allclose(got["loss"], loss, rtol=1e-5)
+    np.testing.assert_allclose(got["nll"], nll, rtol=1e-5)
+    assert float(got["tokens"]) == count
+
+
+def _copy_task_batch(rng, rows=16, length=7, vocab=16):
+    body = rng.integers(4, vocab, (rows, length - 1))
+    src = np.concatenate([body, np.full((rows, 1), EOS_ID)], 1)
+    tgt_out = src.copy()
+    tgt_in = np.concatenate([np.full((rows, 1), BOS_ID), src[:, :-1]], 1)
+    return {
+        "src": src.astype(np.int32),
+        "tgt_in": tgt_in.astype(np.int32),
+        "tgt_out": tgt_out.astype(np.int32),
+    }
+
+
+def _setup(dropout=0.0, scale=0.2, **model_changes):
+    config = ModelConfig(
+        **{
+            **dict(
+                vocab_size=16,
+                num_layers=2,
+                d_model=32,
+                d_ff=64,
+                num_heads=4,
+                d_k=8,
+                d_v=8,
+                dropout_rate=dropout,
+            ),
+            **model_changes,
+        }
+    )
+    model = Transformer(config)
+    optimizer = training.make_optimizer(
+        training.TrainConfig(warmup_steps=30, learning_rate_scale=scale), config.d_model
+    )
+    return model, optimizer
+
+
+def test_loss_falls_to_near_zero_on_a_copy_task():
+    model, optimizer = _setup()
+    rng = np.random.default_rng(0)
+    state = training.init_train_state(
+        model, optimizer, jax.random.PRNGKey(0), _copy_task_batch(rng)
+    )
+    step = jax.jit(
+        lambda s, b: training.train_step(s, b, model=model, optimizer=optimizer, smoothing=0.0)
+    )
+    first = None
+    for _ in range(500):
+        state, metrics = step(state, _copy_task_batch(rng, rows=32))
+        first = first if first is not None else float(metrics["nll"])
+    held_out = training.eval_step(
+        state.params, _copy_task_batch(rng, rows=64), model=model, smoothing=0.0
+    )
+    assert first > 2.0
+    assert float(held_out["nll"] / held_out["tokens"]) < 0.05
+    assert int(state.step) == 500
+
+
+def test_accumulated_micro_batches_equal_one_big_batch():
+    model, _ = _setup()
+    # plain SGD with rate 1: the parameter change IS the gradient (Adam would amplify rounding
+    # noise in near-zero gradients into sign flips)
+    optimizer = optax.sgd(1.0)
+    batch = _copy_task_batch(np.random.default_rng(1), rows=12)
+    batch["tgt_out"][:5, 4:] = 0  # uneven token counts across micro-batches
+    batch["tgt_in"][:5, 5:] = 0
+    state = training.init_train_state(model, optimizer, jax.random.PRNGKey(0), batch)
+
+    def run(b):
+        return training.train_step(state, b, model=model, optimizer=optimizer, smoothing=0.1)
+
+    big_state, big_metrics = run(batch)
+    micro = {k: v.reshape(3, 4, -1) for k, v in batch.items()}
+    micro_state, micro_metrics = run(micro)
+    for a, b in zip(
+        jax.tree.leaves(big_state.params), jax.tree.leaves(micro_state.params), strict=True
+    ):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    np.testing.assert_allclose(big_metrics["loss"], micro_metrics["loss"], rtol=1e-6)
+    assert float(big_metrics["tokens"]) == float(micro_metrics["tokens"])
+
+
+def test_eval_step_sums_without_dropout():
+    model, optimizer = _setup(dropout=0.5)
+    batch = _copy_task_batch(np.random.default_rng(2))
+    state = training.init_train_state(model, optimizer, jax.random.PRNGKey(0), batch)
+    a = training.eval_step(state.params, batch, model=model, smoothing=0.1)
+    b = training.eval_step(state.params, batch, model=model, smoothing=0.1)
+    assert float(a["loss"]) == float(b["loss"])
+    assert float(a["tokens"]) == batch["tgt_out"].size
+
+
+def test_bad_train_config_values_are_rejected():
+    with pytest.raises(ValueError, match="label_smoothing"):
+        training.TrainConfig(label_smoothing=1.0)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        training.TrainConfig(warmup_steps=0)
+    with pytest.raises(ValueError, match="grad_clip_norm"):
+        training.TrainConfig(grad_clip_norm=-1.0)
