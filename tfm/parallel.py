@@ -88,7 +88,9 @@ def _tensor_spec(names: list[str], ndim: int) -> list:
     return spec
 
 
-def parameter_spec(path, shape: tuple[int, ...], strategy: str, mesh: Mesh) -> P:
+def parameter_spec(
+    path, shape: tuple[int, ...], strategy: str, mesh: Mesh, fsdp_min_size: int = FSDP_MIN_SIZE
+) -> P:
     """PartitionSpec of one parameter (or Adam moment, which shares the parameter's path
     suffix) under `strategy`. Axes that do not divide evenly stay unsplit."""
     if strategy not in STRATEGIES:
@@ -99,7 +101,7 @@ def parameter_spec(path, shape: tuple[int, ...], strategy: str, mesh: Mesh) -> P
         spec = [
             s if s is None or shape[i] % mesh.shape[s] == 0 else None for i, s in enumerate(spec)
         ]
-    if strategy == "fsdp" and int(np.prod(shape, dtype=np.int64)) >= FSDP_MIN_SIZE:
+    if strategy == "fsdp" and int(np.prod(shape, dtype=np.int64)) >= fsdp_min_size:
         for axis in np.argsort(shape)[::-1]:  # the largest axis that divides evenly
             if spec[axis] is None and shape[axis] % mesh.shape["data"] == 0:
                 spec[axis] = "data"
@@ -107,10 +109,12 @@ def parameter_spec(path, shape: tuple[int, ...], strategy: str, mesh: Mesh) -> P
     return P(*spec)
 
 
-def state_shardings(state, strategy: str, mesh: Mesh):
+def state_shardings(state, strategy: str, mesh: Mesh, fsdp_min_size: int = FSDP_MIN_SIZE):
     """NamedShardings for every leaf of a pytree of arrays (or ShapeDtypeStructs)."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, leaf: NamedSharding(mesh, parameter_spec(path, leaf.shape, strategy, mesh)),
+        lambda path, leaf: NamedSharding(
+            mesh, parameter_spec(path, leaf.shape, strategy, mesh, fsdp_min_size)
+        ),
         state,
     )
 
@@ -141,3 +145,11 @@ def split_for_pmap(batch: dict[str, np.ndarray], devices: int) -> dict[str, np.n
         return x.reshape(devices, x.shape[0] // devices, *x.shape[1:])
 
     return {key: split(value) for key, value in batch.items()}
+
+
+def replicate_for_pmap(tree, devices: int | None = None):
+    """A copy of every leaf per local device along a new leading axis (pmap's input layout)."""
+    devices = devices or jax.local_device_count()
+    return jax.tree.map(
+        lambda x: np.broadcast_to(np.asarray(x), (devices, *np.shape(x))), jax.device_get(tree)
+    )

@@ -25,6 +25,7 @@ from tfm import parallel, training, viz
 from tfm.config import ModelConfig
 from tfm.data import pipeline as data_pipeline
 from tfm.data.prepare import PreparedData, prepare
+from tfm.inference import MODEL_CARD
 from tfm.model import Transformer
 from tfm.translate import TranslateConfig, translate
 
@@ -121,6 +122,8 @@ def build_job(config, workdir: str | pathlib.Path) -> _Job:
         jax.process_index(),
         jax.process_count(),
     )
+    if jax.process_index() == 0:
+        write_model_card(workdir, model_config, data)
     return _Job(
         config,
         workdir,
@@ -133,6 +136,18 @@ def build_job(config, workdir: str | pathlib.Path) -> _Job:
         mesh,
         strategy,
     )
+
+
+def write_model_card(workdir: pathlib.Path, model_config: ModelConfig, data: PreparedData):
+    """What decode.py needs to rebuild the model and its vocabulary from a workdir."""
+    card = dict(
+        model=dataclasses.asdict(model_config),
+        vocabulary=str(data.tokenizer.path.absolute()),
+        dataset=f"{data.spec.kind}:{data.spec.argument}",
+        source_language=data.spec.source_language,
+        target_language=data.spec.target_language,
+    )
+    (workdir / MODEL_CARD).write_text(json.dumps(card, indent=1))
 
 
 def _spec(config):
@@ -215,7 +230,7 @@ class _StepRunner:
 
     def to_device(self, state):
         if self.job.strategy == "pmap":
-            return jax.device_put_replicated(state, jax.local_devices())
+            return parallel.replicate_for_pmap(state)
         return state
 
     def from_device(self, state):
@@ -393,9 +408,7 @@ def train(job: _Job, profile: bool = False) -> dict:
                         runner.from_device(state).params if job.strategy == "pmap" else state.params
                     )
                     evaluation = runner.evaluate(
-                        jax.device_put_replicated(params, jax.local_devices())
-                        if job.strategy == "pmap"
-                        else params,
+                        parallel.replicate_for_pmap(params) if job.strategy == "pmap" else params,
                         config.eval_batches,
                     )
                     writer.write(dict(kind="eval", step=step, **evaluation))

@@ -181,13 +181,21 @@ def train_step(
     model: Transformer,
     optimizer: optax.GradientTransformation,
     smoothing: float,
+    axis_name: str | None = None,
 ) -> tuple[TrainState, dict[str, Array]]:
     """One update on the per-token mean of the label-smoothed loss over all non-pad targets.
 
-    Metrics: loss and nll per token, tokens, grad_norm, learning rate.
+    `axis_name` names a `pmap` axis over which the summed gradients and counts are added (the
+    pmap path); under `jit` the batch is one global array and nothing more is needed. Dropout
+    masks differ between the two paths (each pmap device draws its own).
+    Metrics: loss and nll per token, tokens, grad_norm.
     """
     step_rng = jax.random.fold_in(state.rng, state.step)
+    if axis_name is not None:
+        step_rng = jax.random.fold_in(step_rng, jax.lax.axis_index(axis_name))
     grads, terms = _accumulated_gradients(model, state.params, batch, smoothing, step_rng)
+    if axis_name is not None:
+        grads, terms = jax.lax.psum((grads, terms), axis_name)
     tokens = jnp.maximum(terms["tokens"], 1.0)
     grads = jax.tree.map(lambda g: g / tokens, grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)

@@ -1,0 +1,61 @@
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from tfm import parallel
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TOLERANCE = 1e-5  # float32: sharded reductions add in a different order
+
+
+@pytest.fixture(scope="module")
+def eight_device_results():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "multidevice_steps.py")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("strategy", ["data", "fsdp", "tensor"])
+@pytest.mark.parametrize("dropout", ["0.0", "0.1"])
+def test_sharded_step_equals_single_device_step(eight_device_results, strategy, dropout):
+    result = eight_device_results[f"{strategy}_dropout{dropout}"]
+    assert result["max_abs_diff"] <= TOLERANCE, result
+    if strategy == "data":
+        assert result["sharded_leaves"] == 0
+    else:
+        assert result["sharded_leaves"] > 0
+
+
+def test_pmap_equals_jit(eight_device_results):
+    assert eight_device_results["pmap_dropout0.0"]["max_abs_diff"] <= TOLERANCE
+
+
+def test_tensor_rules_split_heads_and_d_ff():
+    mesh = parallel.make_mesh(1, devices=jax.devices()[:1])
+
+    def spec(names, shape, strategy="tensor"):
+        path = tuple(jax.tree_util.DictKey(n) for n in names)
+        return parallel.parameter_spec(path, shape, strategy, mesh)
+
+    assert spec(["encoder_0", "self_attention", "query", "kernel"], (32, 4, 8)) == P(
+        None, "model", None
+    )
+    assert spec(["encoder_0", "self_attention", "out", "kernel"], (4, 8, 32)) == P(
+        "model", None, None
+    )
+    assert spec(["encoder_0", "feed_forward", "inner", "kernel"], (32, 64)) == P(None, "model")
+    assert spec(["encoder_0", "feed_forward", "outer", "kernel"], (64, 32)) == P("model", None)
+    assert spec(["embedding", "embedding"], (64, 32), "data") == P(None, None)
+    with pytest.raises(ValueError, match="parallelism"):
+        spec(["x"], (2,), "zero3")
