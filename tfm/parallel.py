@@ -34,11 +34,15 @@ def initialize_distributed(
         num_processes = int(os.environ["TFM_NUM_PROCESSES"])
     if process_id is None and "TFM_PROCESS_ID" in os.environ:
         process_id = int(os.environ["TFM_PROCESS_ID"])
+    # CPU processes need an explicit collectives backend; GPUs and TPUs ignore this setting.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if coordinator_address is not None:
         jax.distributed.initialize(
             coordinator_address=coordinator_address,
             num_processes=num_processes,
             process_id=process_id,
+            # a peer that dies is noticed within a minute instead of hanging the job
+            heartbeat_timeout_seconds=int(os.environ.get("TFM_HEARTBEAT_TIMEOUT", "60")),
         )
         return
     cluster_markers = (

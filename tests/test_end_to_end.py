@@ -1,0 +1,310 @@
+"""The main job through train.py and decode.py, in subprocesses (marked slow)."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.e2e_corpus import write_corpus
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+SMALL = [
+    "--config.vocab_size=400",
+    "--config.max_len=24",
+    "--config.batch_tokens=768",
+    "--config.model.num_layers=2",
+    "--config.model.d_model=64",
+    "--config.model.d_ff=128",
+    "--config.model.num_heads=4",
+    "--config.model.d_k=16",
+    "--config.model.d_v=16",
+    "--config.model.max_len=64",
+    "--config.model.dropout_rate=0.0",
+    "--config.warmup_steps=60",
+    "--config.learning_rate_scale=0.5",
+    "--config.eval_batches=2",
+    "--config.decode.batch_tokens=2048",
+]
+
+
+def _args(tmp_path, workdir, steps, extra=()):
+    src, tgt = write_corpus(tmp_path / "corpus")
+    return [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "--workdir",
+        str(workdir),
+        f"--config.dataset=text:{src},{tgt}",
+        f"--config.data_dir={tmp_path / 'data'}",
+        f"--config.num_train_steps={steps}",
+        *SMALL,
+        *extra,
+    ]
+
+
+def _run(args, timeout=900, env=None):
+    return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=env)
+
+
+def _digest(workdir) -> dict[int, str]:
+    out = _run([sys.executable, "-m", "tfm.checkpoint", "info", str(workdir)], timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split() for line in out.stdout.splitlines()[1:]]
+    return {int(step): digest for step, digest in rows}
+
+
+def test_main_job_trains_checkpoints_translates_and_scores(tmp_path):
+    workdir = tmp_path / "run"
+    args = _args(
+        tmp_path,
+        workdir,
+        400,
+        [
+            "--config.checkpoint_every_steps=50",
+            "--config.eval_every_steps=200",
+            "--config.log_every_steps=50",
+        ],
+    )
+    first = _run(args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    results = json.loads((workdir / "results.json").read_text())
+    test = results["test"]
+    assert test["sacrebleu"]["score"] > test["copy_source_sacrebleu"]["score"] + 20
+    assert "sacreBLEU" in first.stdout and "copy-source floor" in first.stdout
+    assert (workdir / "loss_curve.png").stat().st_size > 10_000
+    assert sorted(_digest(workdir)) == list(range(50, 401, 50))
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r["kind"] == "train"]
+    assert losses[-1] < 0.5 * losses[0]
+    assert list((workdir / "tensorboard").iterdir())
+
+    # the same command again: nothing is retrained
+    again = _run(args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Training already complete: step 400" in again.stderr
+
+    # decode.py on the workdir, with a reference
+    sources = (tmp_path / "corpus" / "train.en").read_text().splitlines()[:40]
+    references = (tmp_path / "corpus" / "train.de").read_text().splitlines()[:40]
+    (tmp_path / "in.txt").write_text("\n".join(sources[:20] + [""] + sources[20:]) + "\n")
+    (tmp_path / "ref.txt").write_text("\n".join(references[:20] + [""] + references[20:]) + "\n")
+    decoded = _run(
+        [
+            sys.executable,
+            str(ROOT / "decode.py"),
+            "--workdir",
+            str(workdir),
+            "--input",
+            str(tmp_path / "in.txt"),
+            "--reference",
+            str(tmp_path / "ref.txt"),
+            "--output",
+            str(tmp_path / "out.txt"),
+        ]
+    )
+    assert decoded.returncode == 0, decoded.stderr[-3000:]
+    lines = (tmp_path / "out.txt").read_text().splitlines()
+    assert len(lines) == 41 and lines[20] == ""  # input order kept, empty line stays empty
+    scores = json.loads(decoded.stderr.strip().splitlines()[-1])
+    assert scores["sacrebleu"] > 40 and "nrefs:1" in scores["signature"]
+    picture = tmp_path / "attention.png"
+    plotted = _run(
+        [
+            sys.executable,
+            str(ROOT / "decode.py"),
+            "--workdir",
+            str(workdir),
+            "--plot_attention",
+            str(picture),
+            sources[0],
+        ]
+    )
+    assert plotted.returncode == 0, plotted.stderr[-3000:]
+    assert picture.stat().st_size > 20_000
+    missing = _run([sys.executable, str(ROOT / "decode.py"), "--workdir", str(tmp_path)])
+    assert missing.returncode == 2 and "model.json" in missing.stderr
+
+
+def _wait_for(condition, timeout, process):
+    start = time.time()
+    while time.time() - start < timeout:
+        if condition():
+            return True
+        if process.poll() is not None:
+            return False
+        time.sleep(0.2)
+    return False
+
+
+def test_sigkill_and_restart_ends_bit_identical(tmp_path):
+    steps = 60
+    extra = [
+        "--config.checkpoint_every_steps=7",
+        "--config.log_every_steps=5",
+        "--config.eval_every_steps=1000",
+        "--config.decode.enabled=False",
+        "--config.model.dropout_rate=0.1",
+    ]
+    reference = _run(_args(tmp_path, tmp_path / "straight", steps, extra))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    expected = _digest(tmp_path / "straight")
+
+    workdir = tmp_path / "killed"
+    kill_after = int(np.random.default_rng().integers(2, 6)) * 7  # a random checkpointed step
+    process = subprocess.Popen(
+        _args(tmp_path, workdir, steps, extra),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    checkpoint = workdir / "checkpoints" / str(kill_after)
+    assert _wait_for(checkpoint.exists, 600, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    resumed = _run(_args(tmp_path, workdir, steps, extra))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resumed from step" in resumed.stderr
+    got = _digest(workdir)
+    assert got[steps] == expected[steps]
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    workdir = tmp_path / "run"
+    extra = [
+        "--config.checkpoint_every_steps=100000",
+        "--config.log_every_steps=1",
+        "--config.eval_every_steps=100000",
+    ]
+    process = subprocess.Popen(
+        _args(tmp_path, workdir, 100000, extra),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics = workdir / "metrics.jsonl"
+    assert _wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 600, process)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    assert "Received SIGTERM: saved checkpoint" in stderr
+    assert len(_digest(workdir)) == 1
+
+
+def test_two_processes_equal_one_process(tmp_path):
+    steps = 12
+    extra = [
+        "--config.checkpoint_every_steps=12",
+        "--config.decode.enabled=False",
+        "--config.eval_every_steps=1000",
+        "--config.log_every_steps=4",
+    ]
+    env = dict(
+        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu"
+    )
+    single = _run(_args(tmp_path, tmp_path / "one", steps, extra), env=env)
+    assert single.returncode == 0, single.stderr[-3000:]
+
+    port = 23456 + os.getpid() % 1000
+    processes = []
+    for rank in range(2):
+        penv = dict(
+            os.environ,
+            XLA_FLAGS="--xla_force_host_platform_device_count=2",
+            JAX_PLATFORMS="cpu",
+            TFM_COORDINATOR=f"127.0.0.1:{port}",
+            TFM_NUM_PROCESSES="2",
+            TFM_PROCESS_ID=str(rank),
+        )
+        processes.append(
+            subprocess.Popen(
+                _args(tmp_path, tmp_path / "two", steps, extra),
+                cwd=ROOT,
+                env=penv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    outputs = [p.communicate(timeout=900) for p in processes]
+    for p, (_, err) in zip(processes, outputs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    one = json.loads(
+        _run(
+            [
+                sys.executable,
+                "-c",
+                (
+                    "import json, sys; from tfm import checkpoint as c; import numpy as np, jax;"
+                    "p, _ = c.Checkpointer(sys.argv[1], read_only=True).restore_params();"
+                    "print(json.dumps([np.asarray(x).tolist() for x in jax.tree.leaves(p)]))"
+                ),
+                str(tmp_path / "one"),
+            ]
+        ).stdout
+    )
+    two = json.loads(
+        _run(
+            [
+                sys.executable,
+                "-c",
+                (
+                    "import json, sys; from tfm import checkpoint as c; import numpy as np, jax;"
+                    "p, _ = c.Checkpointer(sys.argv[1], read_only=True).restore_params();"
+                    "print(json.dumps([np.asarray(x).tolist() for x in jax.tree.leaves(p)]))"
+                ),
+                str(tmp_path / "two"),
+            ]
+        ).stdout
+    )
+    for a, b in zip(one, two, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+def test_a_killed_peer_makes_the_survivor_exit(tmp_path):
+    port = 24456 + os.getpid() % 1000
+    extra = [
+        "--config.checkpoint_every_steps=100000",
+        "--config.decode.enabled=False",
+        "--config.eval_every_steps=100000",
+        "--config.log_every_steps=1",
+    ]
+    processes = []
+    for rank in range(2):
+        penv = dict(
+            os.environ,
+            XLA_FLAGS="--xla_force_host_platform_device_count=2",
+            JAX_PLATFORMS="cpu",
+            TFM_COORDINATOR=f"127.0.0.1:{port}",
+            TFM_NUM_PROCESSES="2",
+            TFM_PROCESS_ID=str(rank),
+        )
+        processes.append(
+            subprocess.Popen(
+                _args(tmp_path, tmp_path / "two", 100000, extra),
+                cwd=ROOT,
+                env=penv,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    metrics = tmp_path / "two" / "metrics.jsonl"
+    assert _wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 600, processes[0])
+    processes[1].send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    try:
+        processes[0].wait(timeout=150)
+    except subprocess.TimeoutExpired:
+        processes[0].kill()
+        pytest.fail("the surviving process still runs 150 s after its peer was killed")
+    assert time.time() - killed_at < 120
+    assert processes[0].returncode != 0
