@@ -10,7 +10,7 @@ import numpy as np
 def write_corpus(folder: pathlib.Path, pairs: int = 3000, seed: int = 0) -> tuple[str, str]:
     rng = np.random.default_rng(seed)
     letters = np.array(list("abcdefghiklmnoprstuw"))
-    words = sorted({"".join(rng.choice(letters, rng.integers(2, 6))) for _ in range(120)})
+    words = sorted({"".join(rng.choice(letters, rng.integers(2, 6))) for _ in range(40)})
     mapping = {w: "".join(rng.choice(letters, rng.integers(3, 7))).upper() for w in words}
     sources, targets = [], []
     for _ in range(pairs):

@@ -127,7 +127,10 @@ class Checkpointer:
         for candidate in candidates:
             try:
                 restored = self.manager.restore(
-                    candidate, args=ocp.args.Composite(state=ocp.args.StandardRestore())
+                    candidate,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(self._host_target(candidate))
+                    ),
                 )
                 return restored["state"]["params"], candidate
             except Exception as error:
@@ -141,6 +144,16 @@ class Checkpointer:
                     file=sys.stderr,
                 )
         raise CheckpointError(f"{self.directory}: no readable checkpoint")
+
+    def _host_target(self, step: int):
+        """The saved state's shapes and dtypes, placed on one local device: a checkpoint written
+        by any mesh or number of processes restores here (orbax needs a target for that)."""
+        metadata = ocp.StandardCheckpointer().metadata(self.directory / str(step) / "state")
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        return jax.tree.map(
+            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+            metadata.item_metadata,
+        )
 
     def meta(self, step: int) -> dict:
         restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
