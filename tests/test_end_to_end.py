@@ -308,3 +308,19 @@ def test_a_killed_peer_makes_the_survivor_exit(tmp_path):
         pytest.fail("the surviving process still runs 150 s after its peer was killed")
     assert time.time() - killed_at < 120
     assert processes[0].returncode != 0
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_good_checkpoints(tmp_path):
+    workdir = tmp_path / "run"
+    extra = [
+        "--config.checkpoint_every_steps=1",
+        "--config.log_every_steps=100",
+        "--config.learning_rate_scale=1e30",
+        "--config.warmup_steps=1",
+        "--config.decode.enabled=False",
+    ]
+    out = _run(_args(tmp_path, workdir, 40, extra))
+    assert out.returncode == 1
+    assert "loss is nan at step 2" in out.stderr
+    saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved == [1]

@@ -372,7 +372,15 @@ def train(job: _Job, profile: bool = False) -> dict:
                 if profile and step == start_step + 5:
                     jax.block_until_ready(state)
                     jax.profiler.stop_trace()
-                if step % config.log_every_steps == 0 or step == total or stop.received:
+                # every save and evaluation first checks all steps since the last check
+                due = (
+                    step % config.log_every_steps == 0
+                    or step == total
+                    or stop.received
+                    or step % config.checkpoint_every_steps == 0
+                    or step % config.eval_every_steps == 0
+                )
+                if due:
                     records = _check_finite(jax.device_get(pending))
                     pending = []
                     now = time.perf_counter()
