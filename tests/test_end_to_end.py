@@ -8,10 +8,12 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
 from tests.e2e_corpus import write_corpus
+from tfm.checkpoint import Checkpointer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -133,6 +135,27 @@ def test_main_job_trains_checkpoints_translates_and_scores(tmp_path):
     assert missing.returncode == 2 and "model.json" in missing.stderr
 
 
+def _two_processes(args, port, stdout):
+    """The same train.py command as processes 0 and 1 of a jax.distributed job on 127.0.0.1,
+    each with 2 CPU devices and gloo collectives."""
+    processes = []
+    for rank in range(2):
+        env = dict(
+            os.environ,
+            XLA_FLAGS="--xla_force_host_platform_device_count=2",
+            JAX_PLATFORMS="cpu",
+            TFM_COORDINATOR=f"127.0.0.1:{port}",
+            TFM_NUM_PROCESSES="2",
+            TFM_PROCESS_ID=str(rank),
+        )
+        processes.append(
+            subprocess.Popen(
+                args, cwd=ROOT, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True
+            )
+        )
+    return processes
+
+
 def _wait_for(condition, timeout, process):
     start = time.time()
     while time.time() - start < timeout:
@@ -213,59 +236,17 @@ def test_two_processes_equal_one_process(tmp_path):
     single = _run(_args(tmp_path, tmp_path / "one", steps, extra), env=env)
     assert single.returncode == 0, single.stderr[-3000:]
 
-    port = 23456 + os.getpid() % 1000
-    processes = []
-    for rank in range(2):
-        penv = dict(
-            os.environ,
-            XLA_FLAGS="--xla_force_host_platform_device_count=2",
-            JAX_PLATFORMS="cpu",
-            TFM_COORDINATOR=f"127.0.0.1:{port}",
-            TFM_NUM_PROCESSES="2",
-            TFM_PROCESS_ID=str(rank),
-        )
-        processes.append(
-            subprocess.Popen(
-                _args(tmp_path, tmp_path / "two", steps, extra),
-                cwd=ROOT,
-                env=penv,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+    processes = _two_processes(
+        _args(tmp_path, tmp_path / "two", steps, extra),
+        port=23456 + os.getpid() % 1000,
+        stdout=subprocess.PIPE,
+    )
     outputs = [p.communicate(timeout=900) for p in processes]
     for p, (_, err) in zip(processes, outputs, strict=True):
         assert p.returncode == 0, err[-3000:]
-    one = json.loads(
-        _run(
-            [
-                sys.executable,
-                "-c",
-                (
-                    "import json, sys; from tfm import checkpoint as c; import numpy as np, jax;"
-                    "p, _ = c.Checkpointer(sys.argv[1], read_only=True).restore_params();"
-                    "print(json.dumps([np.asarray(x).tolist() for x in jax.tree.leaves(p)]))"
-                ),
-                str(tmp_path / "one"),
-            ]
-        ).stdout
-    )
-    two = json.loads(
-        _run(
-            [
-                sys.executable,
-                "-c",
-                (
-                    "import json, sys; from tfm import checkpoint as c; import numpy as np, jax;"
-                    "p, _ = c.Checkpointer(sys.argv[1], read_only=True).restore_params();"
-                    "print(json.dumps([np.asarray(x).tolist() for x in jax.tree.leaves(p)]))"
-                ),
-                str(tmp_path / "two"),
-            ]
-        ).stdout
-    )
-    for a, b in zip(one, two, strict=True):
+    one, _ = Checkpointer(tmp_path / "one", read_only=True).restore_params()
+    two, _ = Checkpointer(tmp_path / "two", read_only=True).restore_params()
+    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(two), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
@@ -277,26 +258,9 @@ def test_a_killed_peer_makes_the_survivor_exit(tmp_path):
         "--config.eval_every_steps=100000",
         "--config.log_every_steps=1",
     ]
-    processes = []
-    for rank in range(2):
-        penv = dict(
-            os.environ,
-            XLA_FLAGS="--xla_force_host_platform_device_count=2",
-            JAX_PLATFORMS="cpu",
-            TFM_COORDINATOR=f"127.0.0.1:{port}",
-            TFM_NUM_PROCESSES="2",
-            TFM_PROCESS_ID=str(rank),
-        )
-        processes.append(
-            subprocess.Popen(
-                _args(tmp_path, tmp_path / "two", 100000, extra),
-                cwd=ROOT,
-                env=penv,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+    processes = _two_processes(
+        _args(tmp_path, tmp_path / "two", 100000, extra), port=port, stdout=subprocess.DEVNULL
+    )
     metrics = tmp_path / "two" / "metrics.jsonl"
     assert _wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 600, processes[0])
     processes[1].send_signal(signal.SIGKILL)
