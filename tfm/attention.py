@@ -49,17 +49,6 @@ def segment_mask(q_segments: Array, kv_segments: Array) -> Array:
     return same & real
 
 
-def combine_masks(*masks: Array | None) -> Array | None:
-    """Logical AND of the masks that are not None (broadcasting), or None if all are None."""
-    present = [m for m in masks if m is not None]
-    if not present:
-        return None
-    combined = present[0]
-    for mask in present[1:]:
-        combined = combined & mask
-    return combined
-
-
 def split_heads(x: Array, num_heads: int) -> Array:
     """`[batch, length, heads * d]` -> `[batch, length, heads, d]`."""
     batch, length, width = x.shape

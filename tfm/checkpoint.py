@@ -15,6 +15,7 @@ import hashlib
 import logging
 import pathlib
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -78,27 +79,16 @@ class Checkpointer:
         )
         self.manager.wait_until_finished()
 
-    def restore(self, target, step: int | None = None) -> tuple[Any, dict, dict, int]:
-        """(state, data_state, meta, step) of checkpoint `step`, or of the newest readable one.
-
-        `target` is a pytree of arrays or ShapeDtypeStructs (with shardings) giving structure and
-        placement. Unreadable newer checkpoints are skipped with a warning.
-        """
+    def _first_readable(self, step: int | None, read: Callable[[int], Any]) -> tuple[Any, int]:
+        """`read(step)`, or without a step `read` of the newest checkpoint that can be read;
+        unreadable newer ones are skipped with a warning."""
         candidates = [step] if step is not None else self.steps()[::-1]
         if not candidates:
             raise CheckpointError(f"{self.directory}: no checkpoints to restore")
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
         errors = []
         for candidate in candidates:
             try:
-                restored = self.manager.restore(
-                    candidate,
-                    args=ocp.args.Composite(
-                        state=ocp.args.StandardRestore(abstract),
-                        data=ocp.args.JsonRestore(),
-                        meta=ocp.args.JsonRestore(),
-                    ),
-                )
+                return read(candidate), candidate
             except Exception as error:  # orbax raises many types for damaged files
                 message = (
                     f"checkpoint {candidate} in {self.directory} is unreadable "
@@ -112,38 +102,39 @@ class Checkpointer:
                 log.warning("%s; trying the previous one", message)
                 print(f"WARNING: {message}; trying the previous one", file=sys.stderr)
                 errors.append(message)
-                continue
-            return (
-                restored["state"],
-                dict(restored["data"] or {}),
-                dict(restored["meta"] or {}),
-                candidate,
-            )
         raise CheckpointError("no readable checkpoint: " + "; ".join(errors))
 
-    def restore_params(self, step: int | None = None):
-        """Only the parameters of a checkpoint, as numpy arrays (no target structure needed)."""
-        candidates = [step] if step is not None else self.steps()[::-1]
-        for candidate in candidates:
-            try:
-                restored = self.manager.restore(
-                    candidate,
-                    args=ocp.args.Composite(
-                        state=ocp.args.StandardRestore(self._host_target(candidate))
-                    ),
-                )
-                return restored["state"]["params"], candidate
-            except Exception as error:
-                if step is not None:
-                    raise CheckpointError(
-                        f"checkpoint {candidate} in {self.directory} is unreadable "
-                        f"({type(error).__name__}: {str(error)[:300]})"
-                    ) from error
-                print(
-                    f"WARNING: checkpoint {candidate} is unreadable; trying the previous one",
-                    file=sys.stderr,
-                )
-        raise CheckpointError(f"{self.directory}: no readable checkpoint")
+    def restore(self, target, step: int | None = None) -> tuple[Any, dict, dict, int]:
+        """(state, data_state, meta, step) of checkpoint `step`, or of the newest readable one.
+
+        `target` is a pytree of arrays or ShapeDtypeStructs (with shardings) giving structure and
+        placement.
+        """
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract),
+            data=ocp.args.JsonRestore(),
+            meta=ocp.args.JsonRestore(),
+        )
+        restored, used = self._first_readable(
+            step, lambda candidate: self.manager.restore(candidate, args=args)
+        )
+        return (
+            restored["state"],
+            dict(restored["data"] or {}),
+            dict(restored["meta"] or {}),
+            used,
+        )
+
+    def restore_params(self, step: int | None = None) -> tuple[Any, int]:
+        """(parameters, step) of checkpoint `step` or the newest readable one, on one local
+        device, whatever mesh wrote them (no target structure needed)."""
+
+        def read(candidate: int):
+            args = ocp.args.Composite(state=ocp.args.StandardRestore(self._host_target(candidate)))
+            return self.manager.restore(candidate, args=args)["state"]["params"]
+
+        return self._first_readable(step, read)
 
     def _host_target(self, step: int):
         """The saved state's shapes and dtypes, placed on one local device: a checkpoint written
@@ -154,10 +145,6 @@ class Checkpointer:
             lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
             metadata.item_metadata,
         )
-
-    def meta(self, step: int) -> dict:
-        restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        return dict(restored["meta"] or {})
 
     def close(self) -> None:
         self.manager.close()
