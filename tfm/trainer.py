@@ -24,6 +24,7 @@ from tfm import metrics as bleu
 from tfm import parallel, training, viz
 from tfm.config import ModelConfig
 from tfm.data import pipeline as data_pipeline
+from tfm.data import sources as data_sources
 from tfm.data.prepare import PreparedData, prepare
 from tfm.inference import MODEL_CARD
 from tfm.model import Transformer
@@ -151,9 +152,7 @@ def write_model_card(workdir: pathlib.Path, model_config: ModelConfig, data: Pre
 
 
 def _spec(config):
-    from tfm.data import sources
-
-    return sources.parse_spec(config.dataset, config.source_language, config.target_language)
+    return data_sources.parse_spec(config.dataset, config.source_language, config.target_language)
 
 
 def _micro_batched(batch: dict[str, np.ndarray], micro: int) -> dict[str, np.ndarray]:
@@ -412,13 +411,8 @@ def train(job: _Job, profile: bool = False) -> dict:
                     )
                 bar.update(1)
                 if step % config.eval_every_steps == 0 or step == total:
-                    params = (
-                        runner.from_device(state).params if job.strategy == "pmap" else state.params
-                    )
-                    evaluation = runner.evaluate(
-                        parallel.replicate_for_pmap(params) if job.strategy == "pmap" else params,
-                        config.eval_batches,
-                    )
+                    # under pmap the state's parameters are already one copy per device
+                    evaluation = runner.evaluate(state.params, config.eval_batches)
                     writer.write(dict(kind="eval", step=step, **evaluation))
                     bar.write(
                         f"step {step}: validation loss {evaluation['loss']:.3f}, "

@@ -75,22 +75,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--encoding_errors", choices=("strict", "replace"), default="strict")
     args = parser.parse_args(argv)
     spec = sources.parse_spec(args.spec, args.source_language, args.target_language)
-    if spec.kind == "tfds" and not _tfds_prepared(spec, args.data_dir):
-        _prepare_tfds(spec, args.data_dir)
     options = {} if spec.kind in ("tfds", "gettext") else dict(encoding_errors=args.encoding_errors)
-    data = prepare(spec, args.data_dir, args.vocab_size, **options)
+    try:
+        data = prepare(spec, args.data_dir, args.vocab_size, **options)
+    except sources.CorpusError:
+        if spec.kind != "tfds":
+            raise
+        _prepare_tfds(spec, args.data_dir)  # first use of this TFDS dataset: build it, then retry
+        data = prepare(spec, args.data_dir, args.vocab_size, **options)
     config = pipeline.PipelineConfig(
         max_len=args.max_len, overlong=args.overlong, batch_tokens=max(4096, args.max_len)
     )
     print(json.dumps(data.summary(config), indent=1))
-
-
-def _tfds_prepared(spec: sources.SourceSpec, data_dir: str) -> bool:
-    try:
-        sources.load_corpus(spec, data_dir)
-        return True
-    except sources.CorpusError:
-        return False
 
 
 def _prepare_tfds(spec: sources.SourceSpec, data_dir: str) -> None:
