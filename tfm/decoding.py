@@ -93,13 +93,47 @@ def _chunked_loop(step_fn, state, done_fn, max_steps: int, chunk: int):
 
 
 @struct.dataclass
+class _Emitted:
+    """What one-token-per-step decoders have produced so far."""
+
+    ids: Array  # [batch, max_steps]
+    scores: Array  # [batch] sum of log-probabilities
+    lengths: Array  # [batch]
+    done: Array  # [batch]
+
+    @classmethod
+    def start(cls, batch: int, max_steps: int, limits: Array) -> _Emitted:
+        return cls(
+            ids=jnp.full((batch, max_steps), PAD_ID, jnp.int32),
+            scores=jnp.zeros((batch,), jnp.float32),
+            lengths=jnp.zeros((batch,), jnp.int32),
+            done=limits <= 0,
+        )
+
+    def emit(
+        self, token: Array, log_probs: Array, i: Array, limits: Array, eos_id: int | None
+    ) -> tuple[Array, _Emitted]:
+        """Record step i's `[batch]` token for sentences still running (PAD for finished ones),
+        add its log-probability; a sentence finishes on EOS or at its length limit."""
+        active = ~self.done
+        token = jnp.where(active, token, PAD_ID).astype(jnp.int32)
+        token_log_prob = jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0]
+        finished = i + 1 >= limits
+        if eos_id is not None:
+            finished = finished | (token == eos_id)
+        return token, _Emitted(
+            ids=self.ids.at[:, i].set(token),
+            scores=self.scores + jnp.where(active, token_log_prob, 0.0),
+            lengths=self.lengths + active.astype(jnp.int32),
+            done=self.done | finished,
+        )
+
+
+@struct.dataclass
 class _SamplingState:
     cache: DecodeCache
     last: Array  # [batch] token fed at the next step
-    ids: Array  # [batch, max_steps]
-    scores: Array  # [batch]
-    lengths: Array  # [batch]
-    done: Array  # [batch]
+    out: _Emitted
 
 
 def _pick_greedy(logits: Array, step: Array) -> Array:
@@ -118,35 +152,18 @@ def _autoregressive(
     state = _SamplingState(
         cache=_prepare(model, params, src, 1, max_steps),
         last=jnp.full((batch,), BOS_ID, jnp.int32),
-        ids=jnp.full((batch, max_steps), PAD_ID, jnp.int32),
-        scores=jnp.zeros((batch,), jnp.float32),
-        lengths=jnp.zeros((batch,), jnp.int32),
-        done=limits <= 0,
+        out=_Emitted.start(batch, max_steps, limits),
     )
 
     def step(state: _SamplingState, i: Array) -> _SamplingState:
         logits, cache = model.apply(
             variables, state.cache, state.last, i, method=Transformer.decode_step
         )
-        log_probs = jax.nn.log_softmax(logits)
-        token = pick(logits, i).astype(jnp.int32)
-        active = ~state.done
-        token = jnp.where(active, token, PAD_ID)
-        token_log_prob = jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0]
-        finished = i + 1 >= limits
-        if eos_id is not None:
-            finished = finished | (token == eos_id)
-        return _SamplingState(
-            cache=cache,
-            last=token,
-            ids=state.ids.at[:, i].set(token),
-            scores=state.scores + jnp.where(active, token_log_prob, 0.0),
-            lengths=state.lengths + active.astype(jnp.int32),
-            done=state.done | finished,
-        )
+        token, out = state.out.emit(pick(logits, i), jax.nn.log_softmax(logits), i, limits, eos_id)
+        return _SamplingState(cache=cache, last=token, out=out)
 
-    state = _chunked_loop(step, state, lambda s: jnp.all(s.done), max_steps, chunk)
-    return SearchResult(ids=state.ids, scores=state.scores, lengths=state.lengths)
+    state = _chunked_loop(step, state, lambda s: jnp.all(s.out.done), max_steps, chunk)
+    return SearchResult(ids=state.out.ids, scores=state.out.scores, lengths=state.out.lengths)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "eos_id", "extra_length", "chunk"))
@@ -374,36 +391,19 @@ def greedy_search_uncached(
     encoded = model.apply(variables, src, method=Transformer.encode)
 
     def step(carry, i):
-        inputs, ids, scores, lengths, done = carry
+        inputs, out = carry
         logits = model.apply(variables, encoded, src, inputs, method=Transformer.decode)
         log_probs = jax.nn.log_softmax(jax.lax.dynamic_index_in_dim(logits, i, 1, False))
-        active = ~done
-        token = jnp.where(active, jnp.argmax(log_probs, -1), PAD_ID).astype(jnp.int32)
-        token_log_prob = jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0]
-        finished = i + 1 >= limits
-        if eos_id is not None:
-            finished = finished | (token == eos_id)
+        token, out = out.emit(jnp.argmax(log_probs, -1), log_probs, i, limits, eos_id)
         inputs = jax.lax.dynamic_update_index_in_dim(
             inputs, token, jnp.minimum(i + 1, max_steps - 1), 1
         )
-        return (
-            inputs,
-            ids.at[:, i].set(token),
-            scores + jnp.where(active, token_log_prob, 0.0),
-            lengths + active.astype(jnp.int32),
-            done | finished,
-        ), None
+        return (inputs, out), None
 
     inputs = jnp.zeros((batch, max_steps), jnp.int32).at[:, 0].set(BOS_ID)
-    carry = (
-        inputs,
-        jnp.zeros((batch, max_steps), jnp.int32),
-        jnp.zeros((batch,)),
-        jnp.zeros((batch,), jnp.int32),
-        limits <= 0,
-    )
-    (_, ids, scores, lengths, _), _ = jax.lax.scan(step, carry, jnp.arange(max_steps))
-    return SearchResult(ids=ids, scores=scores, lengths=lengths)
+    carry = (inputs, _Emitted.start(batch, max_steps, limits))
+    (_, out), _ = jax.lax.scan(step, carry, jnp.arange(max_steps))
+    return SearchResult(ids=out.ids, scores=out.scores, lengths=out.lengths)
 
 
 __all__ = [
