@@ -1,0 +1,355 @@
+"""tfm against the libraries a researcher would pick instead, side by side, in one run.
+
+Systems: tfm (cached greedy / beam search, jitted train step), tfm's own no-cache greedy loop,
+PyTorch `nn.Transformer` (training; greedy without a cache), Hugging Face `MarianMTModel`
+(training; `generate` greedy and beam) and CTranslate2 float32 (greedy and beam). Every system is
+built from ONE set of random weights (tfm's initialisation, no downloads), runs the workloads of
+`peers/workloads.py` in its own worker process, and the driver interleaves the systems round by
+round (rotating the order) so that drifts of the machine hit all of them alike. Figures are
+medians over every timed run. The JSON also holds:
+
+  * the float32 matmul ceiling (best 2048^3 matmul through XLA and through torch) and, for each
+    training figure, MFU = 3 x forward matmul FLOPs per step (`workloads.forward_flops`) /
+    seconds per step / the higher ceiling;
+  * each system's initial label-smoothed loss on the training batch without dropout (equal
+    weights, so these must agree), and how often each decoder's output equals tfm's;
+  * the ratios tfm / peer and the issue-7 goals with whether each is met.
+
+    pip install -e '.[bench]'      # torch==2.13.0 (CPU), transformers, ctranslate2
+    python benchmarks/compare.py [--workloads ...] [--rounds 5] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+from peers.workloads import WORKLOADS, Workload, agreement, forward_flops  # noqa: E402
+
+# system -> (worker process, module, constructor options)
+SYSTEMS = {
+    "tfm": ("tfm", "peers.tfm_system", {}),
+    "tfm_uncached": ("tfm", "peers.tfm_system", {"cached": False}),
+    "torch": ("torch", "peers.torch_system", {}),
+    "hf": ("hf", "peers.hf_system", {}),
+    "ct2": ("ct2", "peers.ct2_system", {}),
+}
+RUNS = {  # which systems run each kind of workload
+    "train": ["tfm", "torch", "hf"],
+    "greedy": ["tfm", "tfm_uncached", "torch", "hf", "ct2"],
+    "beam": ["tfm", "hf", "ct2"],
+}
+LIBRARY_VERSIONS = {
+    "tfm": ["jax", "jaxlib", "flax", "optax"],
+    "torch": ["torch"],
+    "hf": ["torch", "transformers"],
+    "ct2": ["ctranslate2"],
+}
+# (workload, system over, minimum ratio tfm / other)
+GOALS = [
+    ("train_small", "torch", 1.25),
+    ("train_base", "torch", 1.25),
+    ("greedy_small", "ct2", 1.0),
+    ("greedy_small", "hf", 2.0),
+    ("beam4_small", "ct2", 1.0),
+    ("beam4_small", "hf", 2.0),
+    ("greedy_small", "tfm_uncached", 10.0),
+]
+INSTALL_HINT = "install the peers with: pip install -e '.[bench]'"
+
+
+# --------------------------------------------------------------------------------------------
+# Worker side: one process per library, JSON lines on stdin / a private copy of stdout.
+
+
+def _worker(kind: str) -> None:
+    import importlib
+    from importlib import metadata
+
+    reply_stream = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # anything a library prints goes to stderr, never into the replies
+    instances: dict[str, object] = {}
+
+    def reply(**fields) -> None:
+        reply_stream.write(json.dumps(fields) + "\n")
+
+    versions = {}
+    for package in LIBRARY_VERSIONS[kind]:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    try:
+        for _, module, _ in (v for v in SYSTEMS.values() if v[0] == kind):
+            importlib.import_module(module)
+    except ImportError as error:
+        reply(ok=False, error=f"{kind}: {error}; {INSTALL_HINT}")
+        return
+    reply(ok=True, versions=versions)
+
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            op = request["op"]
+            if op == "quit":
+                return
+            if op == "ceiling":
+                module = importlib.import_module(SYSTEMS[request["system"]][1])
+                reply(ok=True, flops=module.matmul_ceiling())
+            elif op == "export":
+                module = importlib.import_module(SYSTEMS["tfm"][1])
+                module.export_weights(WORKLOADS[request["workload"]], request["path"])
+                reply(ok=True)
+            elif op == "setup":
+                _, module_name, options = SYSTEMS[request["system"]]
+                module = importlib.import_module(module_name)
+                w = WORKLOADS[request["workload"]]
+                start = time.perf_counter()
+                factory = module.Trainer if w.kind == "train" else module.Decoder
+                instance = factory(w, request["weights"], **options)
+                instance.run()  # compile / warm up, untimed
+                instances[request["key"]] = instance
+                reply(
+                    ok=True,
+                    setup_seconds=time.perf_counter() - start,
+                    initial_loss=getattr(instance, "initial_loss", None),
+                )
+            elif op == "run":
+                instance = instances[request["key"]]
+                seconds, output = [], None
+                for _ in range(request["times"]):
+                    start = time.perf_counter()
+                    output = instance.run()
+                    seconds.append(time.perf_counter() - start)
+                reply(ok=True, seconds=seconds, output=None if output is None else output.tolist())
+            elif op == "drop":
+                instances.pop(request["key"], None)
+                import gc
+
+                gc.collect()
+                reply(ok=True)
+            else:
+                reply(ok=False, error=f"unknown op {op!r}")
+        except Exception:  # report to the driver, which stops the run with the traceback
+            reply(ok=False, error=traceback.format_exc())
+
+
+# --------------------------------------------------------------------------------------------
+# Driver side.
+
+
+class Worker:
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--worker", kind],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+        hello = self._read()
+        self.versions = hello["versions"]
+
+    def _read(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the {self.kind} worker exited (see its messages above)")
+        message = json.loads(line)
+        if not message.get("ok"):
+            raise RuntimeError(f"{self.kind} worker: {message.get('error')}")
+        return message
+
+    def ask(self, **request) -> dict:
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.process.stdin.flush()
+                self.process.wait(timeout=30)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.process.kill()
+
+
+def _log(message: str) -> None:
+    print(f"[compare {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def measure_workload(
+    w: Workload, systems: list[str], workers: dict[str, Worker], weights: str, args
+) -> dict:
+    """Set every system up on the same weights, then time them round by round."""
+    keys = {s: f"{w.name}/{s}" for s in systems}
+    setup = {}
+    for s in systems:
+        _log(f"{w.name}: setting up {s}")
+        setup[s] = workers[SYSTEMS[s][0]].ask(
+            op="setup", key=keys[s], system=s, workload=w.name, weights=weights
+        )
+    times = {s: [] for s in systems}
+    outputs = {}
+    runs_per_round = args.train_runs if w.kind == "train" else args.decode_runs
+    for round_index in range(args.rounds):
+        shift = round_index % len(systems)
+        for s in systems[shift:] + systems[:shift]:
+            answer = workers[SYSTEMS[s][0]].ask(op="run", key=keys[s], times=runs_per_round)
+            times[s].extend(answer["seconds"])
+            if answer["output"] is not None:
+                outputs[s] = answer["output"]
+        _log(
+            f"{w.name}: round {round_index + 1}/{args.rounds} "
+            + ", ".join(f"{s} {statistics.median(times[s]):.3f}s" for s in systems)
+        )
+    for s in systems:
+        workers[SYSTEMS[s][0]].ask(op="drop", key=keys[s])
+
+    result = {
+        "shape": vars(w.shape) | {"head_dim": w.shape.head_dim},
+        "batch": w.batch,
+        "src_len": w.src_len,
+        ("tgt_len" if w.kind == "train" else "new_tokens"): w.tgt_len,
+        "systems": {},
+    }
+    if w.kind == "beam":
+        result["beam_size"] = w.beam_size
+    for s in systems:
+        seconds = statistics.median(times[s])
+        entry = {
+            "median_seconds": round(seconds, 4),
+            "tokens_per_second": round(w.tokens_per_run / seconds, 1),
+            "runs": len(times[s]),
+            "min_seconds": round(min(times[s]), 4),
+            "max_seconds": round(max(times[s]), 4),
+            "setup_seconds": round(setup[s]["setup_seconds"], 2),
+        }
+        if w.kind == "train":
+            flops = 3 * forward_flops(w.shape, w.batch, w.src_len, w.tgt_len)
+            entry["achieved_gflops"] = round(flops / seconds / 1e9, 1)
+            entry["mfu"] = round(flops / seconds / args.ceiling, 4)
+            entry["initial_loss"] = round(setup[s]["initial_loss"], 5)
+        result["systems"][s] = entry
+    tfm_seconds = statistics.median(times["tfm"])
+    result["ratios_tfm_over"] = {
+        s: round(statistics.median(times[s]) / tfm_seconds, 3) for s in systems if s != "tfm"
+    }
+    if w.kind == "train":
+        reference = setup["tfm"]["initial_loss"]
+        result["initial_loss_max_abs_difference"] = max(
+            abs(setup[s]["initial_loss"] - reference) for s in systems
+        )
+    else:
+        result["agreement_with_tfm"] = {
+            s: agreement(outputs["tfm"], outputs[s]) for s in systems if s != "tfm"
+        }
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--workloads", nargs="+", choices=sorted(WORKLOADS), default=list(WORKLOADS)
+    )
+    parser.add_argument("--systems", nargs="+", choices=sorted(SYSTEMS), default=list(SYSTEMS))
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    parser.add_argument("--train_runs", type=int, default=2, help="training steps per round")
+    parser.add_argument("--decode_runs", type=int, default=2, help="decodes per round")
+    parser.add_argument("--out", help="also write the JSON to this file")
+    args = parser.parse_args()
+    if args.worker:
+        _worker(args.worker)
+        return
+    if "tfm" not in args.systems:
+        parser.error("--systems must include tfm (every ratio is against it)")
+
+    kinds = sorted({SYSTEMS[s][0] for s in args.systems})
+    workers: dict[str, Worker] = {}
+    try:
+        for kind in kinds:
+            _log(f"starting the {kind} worker")
+            workers[kind] = Worker(kind)
+        ceilings = {"xla": workers["tfm"].ask(op="ceiling", system="tfm")["flops"]}
+        if "torch" in workers:
+            ceilings["torch"] = workers["torch"].ask(op="ceiling", system="torch")["flops"]
+        args.ceiling = max(ceilings.values())
+        results = {}
+        with tempfile.TemporaryDirectory(prefix="tfm-compare-") as scratch:
+            for name in args.workloads:
+                w = WORKLOADS[name]
+                weights = os.path.join(scratch, f"{name}.npz")
+                workers["tfm"].ask(op="export", workload=name, path=weights)
+                systems = [s for s in RUNS[w.kind] if s in args.systems]
+                results[name] = measure_workload(w, systems, workers, weights, args)
+    finally:
+        for worker in workers.values():
+            worker.close()
+
+    goals = []
+    for workload, other, minimum in GOALS:
+        ratio = results.get(workload, {}).get("ratios_tfm_over", {}).get(other)
+        if ratio is not None:
+            goals.append(
+                {
+                    "workload": workload,
+                    "tfm_over": other,
+                    "goal": minimum,
+                    "measured": ratio,
+                    "met": ratio >= minimum,
+                }
+            )
+    versions = {}
+    for worker in workers.values():
+        versions.update(worker.versions)
+    report = {
+        "benchmark": "compare",
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "versions": versions,
+        "dtype": "float32",
+        "matmul_ceiling_gflops": {k: round(v / 1e9, 1) for k, v in ceilings.items()},
+        "flop_formula": (
+            "training FLOPs per step = 3 x forward matmul FLOPs (2 per multiply-add: Q/K/V/O "
+            "projections, QK^T and weights x V, FFN, output layer; no embeddings, softmax or "
+            "LayerNorm); MFU = that / seconds per step / the higher matmul ceiling"
+        ),
+        "timing": (
+            f"{args.rounds} interleaved rounds, {args.train_runs} training steps or "
+            f"{args.decode_runs} decodes per system per round, after one untimed warm-up run; "
+            "median over all timed runs; ratios = peer seconds / tfm seconds"
+        ),
+        "workloads": results,
+        "goals": goals,
+    }
+    text = json.dumps(report, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

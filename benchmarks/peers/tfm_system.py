@@ -1,0 +1,131 @@
+"""tfm itself: the jitted train step of `tfm.training`, and `tfm.decoding`'s searches."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from peers import weights as neutral
+from peers.workloads import (
+    ADAM,
+    DROPOUT,
+    EOS_ID,
+    LABEL_SMOOTHING,
+    LAYER_NORM_EPSILON,
+    WARMUP_STEPS,
+    Workload,
+    decoding_source,
+    training_batch,
+)
+from tfm import ModelConfig, Transformer, decoding, training
+
+NAME = "tfm"
+
+
+def _config(w: Workload, dropout: float) -> ModelConfig:
+    s = w.shape
+    return ModelConfig(
+        vocab_size=s.vocab_size,
+        num_layers=s.num_layers,
+        d_model=s.d_model,
+        d_ff=s.d_ff,
+        num_heads=s.num_heads,
+        d_k=s.head_dim,
+        d_v=s.head_dim,
+        dropout_rate=dropout,
+        layer_norm_epsilon=LAYER_NORM_EPSILON,
+        max_len=256,
+    )
+
+
+def initial_params(w: Workload, seed: int = 0):
+    """tfm's own initialisation; the EOS embedding row is zeroed so that EOS (logit exactly 0)
+    is never the argmax and every system decodes exactly the requested number of tokens."""
+    model = Transformer(_config(w, 0.0))
+    ids = jnp.zeros((1, 2), jnp.int32)
+    params = model.init(jax.random.key(seed), ids, ids)["params"]
+    table = params["embedding"]["embedding"].at[EOS_ID].set(0.0)
+    return {**params, "embedding": {"embedding": table}}
+
+
+def export_weights(w: Workload, path: str, seed: int = 0) -> None:
+    neutral.save(neutral.from_tfm_params(initial_params(w, seed), w.shape.num_layers), path)
+
+
+def matmul_ceiling(n: int = 2048, repeats: int = 5) -> float:
+    """Best FLOP/s of an n^3 float32 matmul through XLA."""
+    a = jnp.ones((n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    jax.block_until_ready(f(a))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(f(a))
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+class Trainer:
+    """tfm's weights come from `initial_params` with the seed that wrote `weights_path`."""
+
+    def __init__(self, w: Workload, weights_path: str, seed: int = 0):
+        self.model = Transformer(_config(w, DROPOUT))
+        config = training.TrainConfig(
+            label_smoothing=LABEL_SMOOTHING,
+            warmup_steps=WARMUP_STEPS,
+            adam_b1=ADAM["b1"],
+            adam_b2=ADAM["b2"],
+            adam_eps=ADAM["eps"],
+        )
+        self.optimizer = training.make_optimizer(config, w.shape.d_model)
+        self.batch = jax.device_put(training_batch(w))
+        params = initial_params(w, seed)
+        self.state = training.TrainState(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=self.optimizer.init(params),
+            rng=jax.random.key(seed + 1),
+        )
+        model, optimizer = self.model, self.optimizer
+        self.step = jax.jit(
+            lambda s, b: training.train_step(
+                s, b, model=model, optimizer=optimizer, smoothing=LABEL_SMOOTHING
+            ),
+            donate_argnums=(0,),
+        )
+        eval_model = Transformer(_config(w, 0.0))
+        terms = training.eval_step(params, self.batch, model=eval_model, smoothing=LABEL_SMOOTHING)
+        self.initial_loss = float(terms["loss"] / terms["tokens"])
+
+    def run(self) -> None:
+        self.state, metrics = self.step(self.state, self.batch)
+        jax.block_until_ready(metrics)
+
+
+class Decoder:
+    def __init__(self, w: Workload, weights_path: str, seed: int = 0, cached: bool = True):
+        self.model = Transformer(_config(w, 0.0))
+        self.params = initial_params(w, seed)
+        self.src = jnp.asarray(decoding_source(w))
+        extra = w.tgt_len - w.src_len  # limit = source length + extra = new tokens
+        model, params, src = self.model, self.params, self.src
+        if w.kind == "beam":
+            self._decode = lambda: decoding.beam_search(
+                model, params, src, beam_size=w.beam_size, eos_id=None, extra_length=extra
+            )
+        elif cached:
+            self._decode = lambda: decoding.greedy_search(
+                model, params, src, eos_id=None, extra_length=extra
+            )
+        else:
+            self._decode = lambda: decoding.greedy_search_uncached(
+                model, params, src, eos_id=None, extra_length=extra
+            )
+        self.new_tokens = w.tgt_len
+
+    def run(self) -> np.ndarray:
+        result = jax.block_until_ready(self._decode())
+        return np.asarray(result.ids[:, : self.new_tokens])
