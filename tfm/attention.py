@@ -4,6 +4,10 @@ Pure functions of arrays: no Flax, no parameters. Shapes follow one convention t
 queries `[batch, q_len, heads, d_k]`, keys `[batch, kv_len, heads, d_k]`, values
 `[batch, kv_len, heads, d_v]`, masks broadcastable to `[batch, heads, q_len, kv_len]` and True
 where attending is allowed.
+
+Keys and values may instead be stored heads-first, `[batch, heads, kv_len, d]`
+(`kv_layout="heads_first"`): the layout of the decoding caches, which the per-head products of
+Eq. 1 read without transposing them at every step.
 """
 
 from __future__ import annotations
@@ -16,6 +20,14 @@ import jax.numpy as jnp
 
 Array = jax.Array
 Implementation = Literal["reference", "xla", "cudnn"]
+KVLayout = Literal["length_first", "heads_first"]
+_KV_AXES = {"length_first": "bkhd", "heads_first": "bhkd"}
+
+
+def _kv_axes(kv_layout: KVLayout) -> str:
+    if kv_layout not in _KV_AXES:
+        raise ValueError(f"kv_layout must be one of {sorted(_KV_AXES)}, got {kv_layout!r}")
+    return _KV_AXES[kv_layout]
 
 
 def padding_mask(q_valid: Array, kv_valid: Array) -> Array:
@@ -63,14 +75,18 @@ def merge_heads(x: Array) -> Array:
     return x.reshape(batch, length, heads * depth)
 
 
-def attention_weights(q: Array, k: Array, mask: Array | None = None) -> Array:
+def attention_weights(
+    q: Array, k: Array, mask: Array | None = None, *, kv_layout: KVLayout = "length_first"
+) -> Array:
     """softmax(Q K^T / sqrt(d_k)) of Eq. 1, `[batch, heads, q_len, kv_len]`, always float32.
 
     Masked logits are excluded from the softmax; a query row with nothing to attend to gets all-zero
     weights (not NaN, not uniform).
     """
     d_k = q.shape[-1]
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    logits = jnp.einsum(
+        f"bqhd,{_kv_axes(kv_layout)}->bhqk", q, k, preferred_element_type=jnp.float32
+    )
     logits = logits.astype(jnp.float32) / math.sqrt(d_k)
     if mask is None:
         return jax.nn.softmax(logits, axis=-1)
@@ -81,11 +97,14 @@ def attention_weights(q: Array, k: Array, mask: Array | None = None) -> Array:
     return jnp.where(mask, weights, 0.0)
 
 
-def weighted_values(weights: Array, v: Array) -> Array:
+def weighted_values(weights: Array, v: Array, *, kv_layout: KVLayout = "length_first") -> Array:
     """The "... V" of Eq. 1: `[batch, heads, q_len, kv_len]` weights times `[batch, kv_len, heads,
     d_v]` values -> `[batch, q_len, heads, d_v]` in the dtype of `v`, accumulated in float32."""
     out = jnp.einsum(
-        "bhqk,bkhd->bqhd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32
+        f"bhqk,{_kv_axes(kv_layout)}->bqhd",
+        weights.astype(v.dtype),
+        v,
+        preferred_element_type=jnp.float32,
     )
     return out.astype(v.dtype)
 
@@ -99,6 +118,7 @@ def scaled_dot_product_attention(
     implementation: Implementation = "reference",
     dropout_rate: float = 0.0,
     dropout_rng: Array | None = None,
+    kv_layout: KVLayout = "length_first",
 ) -> Array:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (Eq. 1), per head.
 
@@ -111,6 +131,8 @@ def scaled_dot_product_attention(
         through `jax.nn.dot_product_attention` (fused kernels on GPU).
       dropout_rate: dropout on the attention weights (reference implementation only).
       dropout_rng: PRNG key for that dropout; no dropout when None.
+      kv_layout: "length_first" (shapes above) or "heads_first" (`k`, `v` are
+        `[batch, heads, kv_len, d]`).
 
     Returns:
       `[batch, q_len, heads, d_v]` in the dtype of `v`. Query rows with no allowed key are zero.
@@ -118,17 +140,19 @@ def scaled_dot_product_attention(
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k need the same d_k, got {q.shape[-1]} and {k.shape[-1]}")
     if implementation == "reference":
-        weights = attention_weights(q, k, mask)
+        weights = attention_weights(q, k, mask, kv_layout=kv_layout)
         if dropout_rate > 0.0 and dropout_rng is not None:
             keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
             weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-        return weighted_values(weights, v)
+        return weighted_values(weights, v, kv_layout=kv_layout)
     if implementation in ("xla", "cudnn"):
         if dropout_rate > 0.0 and dropout_rng is not None:
             raise ValueError(
                 f"attention implementation {implementation!r} has no attention-weight dropout; "
                 "use implementation='reference' or attention_dropout_rate=0"
             )
+        if _kv_axes(kv_layout) == "bhkd":  # the fused kernels take length-first K/V
+            k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
         return _fused_attention(q, k, v, mask, implementation)
     raise ValueError(
         f"implementation must be 'reference', 'xla' or 'cudnn', got {implementation!r}"

@@ -264,10 +264,12 @@ def reorder_cache(cache: DecodeCache, beam_indices: Array) -> DecodeCache:
     are left alone.
     """
     batch, beam = beam_indices.shape
+    # One row index per new row: a plain gather of contiguous [heads, max_len, d] blocks, which
+    # XLA lowers to row copies (take_along_axis over a beam axis became a select per element).
+    rows = (jnp.arange(batch)[:, None] * beam + beam_indices).reshape(-1)
 
     def gather(x: Array) -> Array:
-        x = x.reshape(batch, beam, *x.shape[1:])
-        return _gather_beams(x, beam_indices).reshape(batch * beam, *x.shape[2:])
+        return x.at[rows].get(mode="promise_in_bounds")
 
     layers = tuple(
         layer.replace(self_k=gather(layer.self_k), self_v=gather(layer.self_v))

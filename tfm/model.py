@@ -33,9 +33,10 @@ Array = jax.Array
 class LayerCache:
     """One decoder layer's attention state during incremental decoding.
 
-    self_k: `[batch, max_len, heads, d_k]`, self_v: `[batch, max_len, heads, d_v]` — the decoder's
-    own keys/values, written one position per step. cross_k: `[batch, src_len, heads, d_k]`,
-    cross_v: `[batch, src_len, heads, d_v]` — this layer's projection of the final encoder output,
+    Heads first, so each step's per-head products read them without a transpose:
+    self_k: `[batch, heads, max_len, d_k]`, self_v: `[batch, heads, max_len, d_v]` — the decoder's
+    own keys/values, written one position per step. cross_k: `[batch, heads, src_len, d_k]`,
+    cross_v: `[batch, heads, src_len, d_v]` — this layer's projection of the final encoder output,
     computed once.
     """
 
@@ -55,7 +56,7 @@ class DecodeCache:
 
     @property
     def max_len(self) -> int:
-        return self.layers[0].self_k.shape[1]
+        return self.layers[0].self_k.shape[2]
 
 
 class Transformer(nn.Module):
@@ -200,8 +201,8 @@ class Transformer(nn.Module):
             cross_k, cross_v = layer.cross_kv(encoded)
             layers.append(
                 LayerCache(
-                    self_k=jnp.zeros((batch, max_len, c.num_heads, c.d_k), dtype),
-                    self_v=jnp.zeros((batch, max_len, c.num_heads, c.d_v), dtype),
+                    self_k=jnp.zeros((batch, c.num_heads, max_len, c.d_k), dtype),
+                    self_v=jnp.zeros((batch, c.num_heads, max_len, c.d_v), dtype),
                     cross_k=cross_k.astype(dtype),
                     cross_v=cross_v.astype(dtype),
                 )
