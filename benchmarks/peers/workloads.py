@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import flops
 import numpy as np
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -98,18 +99,18 @@ def sinusoidal_table(length: int, d_model: int) -> np.ndarray:
 
 
 def forward_flops(shape: Shape, batch: int, src_len: int, tgt_len: int) -> float:
-    """Matmul FLOPs (2 per multiply-add) of one teacher-forced forward pass: every projection,
-    the attention score and value products, the FFN and the output layer. Embedding lookups,
-    softmax and LayerNorm are not counted. Training FLOPs = 3 x this (forward + backward)."""
-    d, h = shape.d_model, shape.d_model  # heads * head_dim == d_model for these shapes
-    attention_projections = 2 * d * 3 * h + 2 * h * d
-    ffn = 2 * 2 * d * shape.d_ff
-    encoder = src_len * (attention_projections + ffn) + 2 * 2 * src_len * src_len * h
-    decoder_self = tgt_len * attention_projections + 2 * 2 * tgt_len * tgt_len * h
-    cross = tgt_len * 2 * 2 * d * h + src_len * 2 * 2 * d * h + 2 * 2 * tgt_len * src_len * h
-    logits = tgt_len * 2 * d * shape.vocab_size
-    per_row = shape.num_layers * (encoder + decoder_self + cross + tgt_len * ffn) + logits
-    return float(batch * per_row)
+    """`flops.forward_flops` for a workload shape (heads x head_dim = d_model here)."""
+    return flops.forward_flops(
+        num_layers=shape.num_layers,
+        d_model=shape.d_model,
+        d_ff=shape.d_ff,
+        qk_width=shape.d_model,
+        v_width=shape.d_model,
+        vocab_size=shape.vocab_size,
+        batch=batch,
+        src_len=src_len,
+        tgt_len=tgt_len,
+    )
 
 
 def agreement(reference: np.ndarray, other: np.ndarray) -> dict[str, float]:
