@@ -45,9 +45,7 @@ SHAPES = {
         64,
     ),
     "big_25k": (
-        dict(
-            vocab_size=32000, num_layers=6, d_model=1024, d_ff=4096, num_heads=16, d_k=64, d_v=64
-        ),
+        dict(vocab_size=32000, num_layers=6, d_model=1024, d_ff=4096, num_heads=16, d_k=64, d_v=64),
         390,
         64,
         64,
