@@ -100,6 +100,10 @@ class Trainer:
         terms = training.eval_step(params, self.batch, model=eval_model, smoothing=LABEL_SMOOTHING)
         self.initial_loss = float(terms["loss"] / terms["tokens"])
 
+    def compiled_text(self) -> str:
+        """The optimised HLO of the train step (for profiles)."""
+        return self.step.lower(self.state, self.batch).compile().as_text()
+
     def run(self) -> None:
         self.state, metrics = self.step(self.state, self.batch)
         jax.block_until_ready(metrics)
@@ -110,22 +114,20 @@ class Decoder:
         self.model = Transformer(_config(w, 0.0))
         self.params = initial_params(w, seed)
         self.src = jnp.asarray(decoding_source(w))
-        extra = w.tgt_len - w.src_len  # limit = source length + extra = new tokens
-        model, params, src = self.model, self.params, self.src
+        # limit = source length + extra_length = exactly tgt_len new tokens
+        self.settings = dict(eos_id=None, extra_length=w.tgt_len - w.src_len)
         if w.kind == "beam":
-            self._decode = lambda: decoding.beam_search(
-                model, params, src, beam_size=w.beam_size, eos_id=None, extra_length=extra
-            )
-        elif cached:
-            self._decode = lambda: decoding.greedy_search(
-                model, params, src, eos_id=None, extra_length=extra
-            )
+            self.search = decoding.beam_search
+            self.settings["beam_size"] = w.beam_size
         else:
-            self._decode = lambda: decoding.greedy_search_uncached(
-                model, params, src, eos_id=None, extra_length=extra
-            )
+            self.search = decoding.greedy_search if cached else decoding.greedy_search_uncached
         self.new_tokens = w.tgt_len
 
+    def compiled_text(self) -> str:
+        """The optimised HLO of the search program (for profiles)."""
+        lowered = self.search.lower(self.model, self.params, self.src, **self.settings)
+        return lowered.compile().as_text()
+
     def run(self) -> np.ndarray:
-        result = jax.block_until_ready(self._decode())
-        return np.asarray(result.ids[:, : self.new_tokens])
+        result = self.search(self.model, self.params, self.src, **self.settings)
+        return np.asarray(jax.block_until_ready(result).ids[:, : self.new_tokens])
