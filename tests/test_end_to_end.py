@@ -135,10 +135,13 @@ def test_main_job_trains_checkpoints_translates_and_scores(tmp_path):
     assert missing.returncode == 2 and "model.json" in missing.stderr
 
 
-def _two_processes(args, port, stdout):
+def _two_processes(args, port, log_dir):
     """The same train.py command as processes 0 and 1 of a jax.distributed job on 127.0.0.1,
-    each with 2 CPU devices and gloo collectives."""
+    each with 2 CPU devices and gloo collectives. Their output goes to `log_dir/rank{i}.log`:
+    an unread pipe fills up and blocks the writer, which stalls the whole job at the next
+    collective."""
     processes = []
+    log_dir.mkdir(parents=True, exist_ok=True)
     for rank in range(2):
         env = dict(
             os.environ,
@@ -148,12 +151,15 @@ def _two_processes(args, port, stdout):
             TFM_NUM_PROCESSES="2",
             TFM_PROCESS_ID=str(rank),
         )
-        processes.append(
-            subprocess.Popen(
-                args, cwd=ROOT, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True
+        with open(log_dir / f"rank{rank}.log", "w") as log:
+            processes.append(
+                subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
             )
-        )
     return processes
+
+
+def _log_tail(log_dir, rank: int) -> str:
+    return (log_dir / f"rank{rank}.log").read_text(errors="replace")[-3000:]
 
 
 def _wait_for(condition, timeout, process):
@@ -206,19 +212,18 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
         "--config.log_every_steps=1",
         "--config.eval_every_steps=100000",
     ]
-    process = subprocess.Popen(
-        _args(tmp_path, workdir, 100000, extra),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    log_path = tmp_path / "train.log"
+    with open(log_path, "w") as log:  # a file, not a pipe nobody reads while it runs
+        process = subprocess.Popen(
+            _args(tmp_path, workdir, 100000, extra), cwd=ROOT, stdout=log, stderr=log
+        )
     metrics = workdir / "metrics.jsonl"
     assert _wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 600, process)
     process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 0, stderr[-3000:]
-    assert "Received SIGTERM: saved checkpoint" in stderr
+    process.wait(timeout=300)
+    output = log_path.read_text(errors="replace")
+    assert process.returncode == 0, output[-3000:]
+    assert "Received SIGTERM: saved checkpoint" in output
     assert len(_digest(workdir)) == 1
 
 
@@ -236,14 +241,14 @@ def test_two_processes_equal_one_process(tmp_path):
     single = _run(_args(tmp_path, tmp_path / "one", steps, extra), env=env)
     assert single.returncode == 0, single.stderr[-3000:]
 
+    logs = tmp_path / "logs"
     processes = _two_processes(
         _args(tmp_path, tmp_path / "two", steps, extra),
         port=23456 + os.getpid() % 1000,
-        stdout=subprocess.PIPE,
+        log_dir=logs,
     )
-    outputs = [p.communicate(timeout=900) for p in processes]
-    for p, (_, err) in zip(processes, outputs, strict=True):
-        assert p.returncode == 0, err[-3000:]
+    for rank, p in enumerate(processes):
+        assert p.wait(timeout=900) == 0, _log_tail(logs, rank)
     one, _ = Checkpointer(tmp_path / "one", read_only=True).restore_params()
     two, _ = Checkpointer(tmp_path / "two", read_only=True).restore_params()
     for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(two), strict=True):
@@ -258,11 +263,16 @@ def test_a_killed_peer_makes_the_survivor_exit(tmp_path):
         "--config.eval_every_steps=100000",
         "--config.log_every_steps=1",
     ]
+    logs = tmp_path / "logs"
     processes = _two_processes(
-        _args(tmp_path, tmp_path / "two", 100000, extra), port=port, stdout=subprocess.DEVNULL
+        _args(tmp_path, tmp_path / "two", 100000, extra), port=port, log_dir=logs
     )
     metrics = tmp_path / "two" / "metrics.jsonl"
-    assert _wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 600, processes[0])
+    started = _wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 600, processes[0])
+    if not started:
+        for p in processes:
+            p.kill()
+    assert started, _log_tail(logs, 0) + "\n--- rank 1 ---\n" + _log_tail(logs, 1)
     processes[1].send_signal(signal.SIGKILL)
     killed_at = time.time()
     try:
