@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import pathlib
 from collections.abc import Iterator, Sequence
 from typing import Literal
@@ -136,7 +137,9 @@ def tokenize_split(
     tgt_flat, tgt_offsets = _flatten(tokenizer.encode_batch([t for _, t in pairs]))
     split = TokenizedSplit(src_flat, src_offsets, tgt_flat, tgt_offsets)
     cache_path.parent.mkdir(parents=True, exist_ok=True)
-    partial = cache_path.with_name(cache_path.name + ".partial.npz")
+    # One temporary name per process: processes of a multi-host job build the same cache at
+    # once, and a shared name let one rename away the file another was still writing.
+    partial = cache_path.with_name(f"{cache_path.name}.{os.getpid()}.partial.npz")
     np.savez(partial, **dataclasses.asdict(split))
     partial.replace(cache_path)
     return split
