@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import pathlib
 from collections.abc import Iterable, Sequence
 
@@ -111,7 +112,7 @@ def train_tokenizer(
         minloglevel=2,
         **TRAINER_SETTINGS,
     )
-    partial = model_path.with_suffix(".partial")
+    partial = model_path.with_suffix(f".{os.getpid()}.partial")  # per process: see pipeline
     partial.write_bytes(buffer.getvalue())
     partial.replace(model_path)
     return Tokenizer(model_path)
