@@ -1,4 +1,5 @@
-"""Translate with a trained model, score BLEU, and draw attention maps.
+"""The command line of translation (`tfm.translate`) from a workdir that train.py wrote:
+translate files or stdin, score BLEU, and draw attention maps.
 
     python decode.py --workdir DIR [--input FILE] [--output FILE] [--reference FILE]
                      [--step N | --average N] [--beam_size 4] [--alpha 0.6]
@@ -10,9 +11,14 @@ Input is one sentence per line (stdin by default); translations are written in i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import sys
+
+from tfm.translate import TranslateConfig
+
+DEFAULTS = TranslateConfig()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,17 +39,22 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--reference", help="reference translations: print sacreBLEU and the paper's tokenized BLEU"
     )
-    parser.add_argument("--beam_size", type=int, default=4, help="1 = greedy")
-    parser.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
+    parser.add_argument("--beam_size", type=int, default=DEFAULTS.beam_size, help="1 = greedy")
     parser.add_argument(
-        "--extra_length", type=int, default=50, help="maximum output length = source length + this"
+        "--alpha", type=float, default=DEFAULTS.alpha, help="length penalty exponent"
     )
-    parser.add_argument("--batch_tokens", type=int, default=4096)
+    parser.add_argument(
+        "--extra_length",
+        type=int,
+        default=DEFAULTS.extra_length,
+        help="maximum output length = source length + this",
+    )
+    parser.add_argument("--batch_tokens", type=int, default=DEFAULTS.batch_tokens)
     parser.add_argument(
         "--overlong",
         choices=("truncate", "error"),
-        default="truncate",
-        help="lines longer than the model's max_len: truncate with a warning or stop",
+        default=DEFAULTS.overlong,
+        help="lines longer than the model's max_positions: truncate with a warning or stop",
     )
     parser.add_argument(
         "--plot_attention",
@@ -56,49 +67,49 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from tfm import inference
+    if args.plot_attention and not args.sentence:
+        print("error: --plot_attention needs a SENTENCE argument", file=sys.stderr)
+        return 2
+    from tfm import translate, viz, workdir
 
     try:
-        loaded = inference.load(
+        loaded = workdir.load(
             args.workdir, step=args.step, average=None if args.step is not None else args.average
         )
-    except (inference.LoadError, FileNotFoundError, ValueError) as error:
+        config = TranslateConfig(
+            beam_size=args.beam_size,
+            alpha=args.alpha,
+            extra_length=args.extra_length,
+            batch_tokens=args.batch_tokens,
+            max_source_len=loaded.model.config.max_positions,
+            overlong=args.overlong,
+        )
+    except (workdir.LoadError, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"loaded {loaded.description}", file=sys.stderr)
     if args.plot_attention:
-        if not args.sentence:
-            print("error: --plot_attention needs a SENTENCE argument", file=sys.stderr)
-            return 2
-        translation = inference.plot_attention(
-            loaded, args.sentence, args.plot_attention, beam_size=args.beam_size, alpha=args.alpha
+        attended = translate.translate_with_attention(
+            loaded.model, loaded.params, loaded.tokenizer, args.sentence, config
         )
-        print(translation)
+        viz.plot_attention(
+            attended.maps, attended.source_pieces, attended.target_pieces, args.plot_attention
+        )
+        print(attended.translation)
         print(f"attention maps written to {args.plot_attention}", file=sys.stderr)
         return 0
 
     from tqdm import tqdm
 
-    from tfm import metrics
-    from tfm.translate import OverlongInputError, TranslateConfig, translate
-
     source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")  # noqa: SIM115
     with source:
         lines = [line.rstrip("\r\n") for line in source]
-    config = TranslateConfig(
-        beam_size=args.beam_size,
-        alpha=args.alpha,
-        extra_length=args.extra_length,
-        batch_tokens=args.batch_tokens,
-        max_source_len=loaded.model.config.max_len,
-        overlong=args.overlong,
-    )
     try:
         with tqdm(total=len(lines), unit="sent", file=sys.stderr, disable=args.input == "-") as bar:
-            translations = translate(
+            translations = translate.translate(
                 loaded.model, loaded.params, loaded.tokenizer, lines, config, progress=bar.update
             )
-    except OverlongInputError as error:
+    except translate.OverlongInputError as error:
         print(f"error: {args.input}: {error}", file=sys.stderr)
         return 2
     text = "\n".join(translations) + ("\n" if translations else "")
@@ -109,19 +120,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.reference:
         references = pathlib.Path(args.reference).read_text(encoding="utf-8").splitlines()
         try:
-            sacre = metrics.sacre_bleu(translations, references)
-            compound = loaded.card.get("target_language") == "de"
-            tokenized = metrics.tokenized_bleu(translations, references, compound_split=compound)
+            scores = translate.score(translations, references, loaded.card.target_language)
         except ValueError as error:
             print(f"error: {args.reference}: {error}", file=sys.stderr)
             return 2
         print(
             json.dumps(
                 dict(
-                    sacrebleu=round(sacre["score"], 2),
-                    signature=sacre["signature"],
-                    tokenized_bleu=round(tokenized["score"], 2),
-                    compound_split=compound,
+                    sacrebleu=round(scores["sacrebleu"]["score"], 2),
+                    signature=scores["sacrebleu"]["signature"],
+                    tokenized_bleu=round(scores["tokenized_bleu"]["score"], 2),
+                    compound_split=scores["tokenized_bleu"]["compound_split"],
+                    translated=loaded.description,
+                    config=dataclasses.asdict(config),
                 )
             ),
             file=sys.stderr,

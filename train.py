@@ -1,4 +1,5 @@
-"""Train a Transformer, then translate and score the test split.
+"""The command line of the training job (`tfm.trainer`): read a config file once, train a
+Transformer, then translate and score the test split.
 
     python train.py [--config configs/NAME.py] [--workdir DIR] [--config.key=value ...]
 
@@ -32,12 +33,13 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax logs every file operation at INFO
     from tfm import trainer
+    from tfm.job import job_config_from
 
-    config = FLAGS.config
     workdir = FLAGS.workdir or str(
         ROOT / "workdirs" / pathlib.Path(flags.FLAGS["config"].config_filename).stem
     )
     try:
+        config = job_config_from(FLAGS.config)
         result = trainer.train_and_evaluate(config, workdir, profile=FLAGS.profile)
     except (ValueError, FileNotFoundError, trainer.TrainingDiverged) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -58,7 +58,7 @@ def main() -> None:
         **SHAPES[args.shapes],
         dropout_rate=0.0,
         dtype=args.dtype,
-        max_len=max(256, args.new_tokens + 8),
+        max_positions=max(256, args.new_tokens + 8),
     )
     model = Transformer(config)
     rng = np.random.default_rng(0)

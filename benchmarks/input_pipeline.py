@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from tfm.data import pipeline
+from tfm.data import batching, pipeline
 from tfm.data.prepare import prepare
 from tfm.tokens import PAD_ID
 
@@ -51,15 +51,15 @@ def main() -> None:
     parser.add_argument("--data_dir", default="data")
     parser.add_argument("--vocab_size", type=int, default=8000)
     parser.add_argument("--batch_tokens", type=int, default=4096)
-    parser.add_argument("--max_len", type=int, default=64)
+    parser.add_argument("--max_seq_len", type=int, default=64)
     parser.add_argument("--batches", type=int, default=300)
     args = parser.parse_args()
     data = prepare(args.dataset, args.data_dir, args.vocab_size)
     ids = data.ids["train"]
     results = {}
     for name, pack in (("bucketed", False), ("packed", True)):
-        config = pipeline.PipelineConfig(
-            batch_tokens=args.batch_tokens, max_len=args.max_len, pack=pack
+        config = batching.BatchConfig(
+            batch_tokens=args.batch_tokens, max_seq_len=args.max_seq_len, pack=pack
         )
         pipe = pipeline.BatchPipeline(ids, config)
         real, slots = _padding(pipe)
@@ -72,11 +72,11 @@ def main() -> None:
     # unbucketed: the same pairs in shuffled batches of the bucketed average row count, each
     # padded to its longest pair (what batching without length grouping costs)
     pipe = pipeline.BatchPipeline(
-        ids, pipeline.PipelineConfig(batch_tokens=args.batch_tokens, max_len=args.max_len)
+        ids, batching.BatchConfig(batch_tokens=args.batch_tokens, max_seq_len=args.max_seq_len)
     )
     lengths = np.maximum(pipe.examples.src_lengths, pipe.examples.tgt_lengths)
     lengths = lengths[np.random.default_rng(0).permutation(len(lengths))]
-    rows = max(1, args.batch_tokens // args.max_len)
+    rows = max(1, args.batch_tokens // args.max_seq_len)
     padded = sum(len(c) * int(c.max()) for c in np.array_split(lengths, len(lengths) // rows))
     results["unbucketed"] = dict(
         padding_fraction=round(1 - float(pipe.examples.tgt_lengths.sum()) / padded, 4),
@@ -90,7 +90,7 @@ def main() -> None:
                 train_pairs=len(ids),
                 kept_pairs=len(pipe.examples.indices),
                 batch_tokens=args.batch_tokens,
-                max_len=args.max_len,
+                max_seq_len=args.max_seq_len,
                 results=results,
             ),
             indent=1,

@@ -5,11 +5,12 @@ P_drop 0.3, 300K steps; average the last 20 checkpoints.
 """
 
 from configs import common
+from tfm import config as presets
 
 
 def get_config():
     config = common.base_config()
-    config.model.update(d_model=1024, d_ff=4096, num_heads=16, d_k=64, d_v=64, dropout_rate=0.3)
+    config.model = common.model_block(presets.big(max_positions=512))
     config.num_train_steps = 300_000
     config.checkpoint_every_steps = 600  # ~10 minutes at the paper's 1.0 s/step
     config.keep_checkpoints = 20

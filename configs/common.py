@@ -1,7 +1,19 @@
 """Keys every config has, with the paper's values where the paper gives one."""
 
+import dataclasses
+
 import ml_collections
 from ml_collections import config_dict
+
+from tfm import config as presets
+from tfm.translate import TranslateConfig
+
+
+def model_block(model: presets.ModelConfig) -> ml_collections.ConfigDict:
+    """config.model: a ModelConfig's fields but vocab_size, which the vocabulary decides."""
+    fields = dataclasses.asdict(model)
+    del fields["vocab_size"]
+    return ml_collections.ConfigDict(fields)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -13,7 +25,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.target_language = config_dict.placeholder(str)
     config.data_dir = "data"
     config.vocab_size = 37000  # shared BPE vocabulary (section 5.1)
-    config.max_len = 256  # tokens per side, EOS included
+    config.max_seq_len = 256  # longest training sentence per side in tokens, EOS included
     config.overlong = "drop"  # or "truncate"
     config.pack = False
     config.batch_tokens = 25000  # per side (section 5.1)
@@ -35,32 +47,17 @@ def base_config() -> ml_collections.ConfigDict:
     config.parallelism = "data"
     config.model_parallel = 1
     # model (tfm.ModelConfig fields; vocab_size comes from the vocabulary)
-    config.model = ml_collections.ConfigDict(
-        dict(
-            num_layers=6,
-            d_model=512,
-            d_ff=2048,
-            num_heads=8,
-            d_k=64,
-            d_v=64,
-            dropout_rate=0.1,
-            attention_dropout_rate=0.0,
-            positional="sinusoidal",
-            max_len=512,
-            norm="post",
-            dtype="float32",
-            attention="reference",
-            remat=False,
-        )
-    )
-    # translation of the test split after training (section 6.1)
+    # sources of up to 512 tokens can be translated (sinusoids have no table to outgrow)
+    config.model = model_block(presets.base(max_positions=512))
+    # translation of the test split after training (section 6.1: beam 4, alpha 0.6, +50)
+    defaults = TranslateConfig()
     config.decode = ml_collections.ConfigDict(
         dict(
-            beam_size=4,
-            alpha=0.6,
-            extra_length=50,
+            beam_size=defaults.beam_size,
+            alpha=defaults.alpha,
+            extra_length=defaults.extra_length,
+            batch_tokens=defaults.batch_tokens,
             average_last=5,
-            batch_tokens=4096,
             num_samples=6,
             enabled=True,
         )

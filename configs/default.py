@@ -13,7 +13,7 @@ def get_config() -> ml_collections.ConfigDict:
     config = common.base_config()
     config.dataset = "gettext:en-de"
     config.vocab_size = 8000
-    config.max_len = 64
+    config.max_seq_len = 64
     config.pack = True  # ~2% padding instead of ~15% with length buckets
     # Small batches: on 2 cores the budget is ~2.3M target tokens, and 2048-token steps learn
     # more from them than 4096-token steps (validation perplexity 28 vs 49 after 0.8M tokens).
@@ -32,7 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
         d_k=64,
         d_v=64,
         dropout_rate=0.1,
-        max_len=128,
+        max_positions=128,
     )
     config.decode.average_last = 5
     return config

@@ -7,8 +7,6 @@ D_drop0.0, D_drop0.2, D_ls0.0, D_ls0.2, E, big (tfm.config.table3 holds their va
 paper's PPL / BLEU / parameter counts).
 """
 
-import dataclasses
-
 from configs import common
 from tfm.config import table3
 
@@ -19,9 +17,7 @@ def get_config(row: str = "base"):
         raise ValueError(f"configs/table3.py:{row}: unknown row; choose one of {sorted(rows)}")
     preset = rows[row]
     config = common.base_config()
-    model = dataclasses.asdict(preset.model)
-    model.pop("vocab_size")  # the vocabulary decides it
-    config.model.update(model)
+    config.model = common.model_block(preset.model)
     config.label_smoothing = preset.label_smoothing
     config.num_train_steps = preset.train_steps
     config.decode.average_last = 1  # Table 3 reports single checkpoints

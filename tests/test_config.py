@@ -79,7 +79,7 @@ def test_parameter_counts_match_the_closed_form():
     )
     learned = table3()["E"].model
     assert count_parameters(learned) == _closed_form_count(
-        37000, 6, 512, 2048, 8, 64, 64, learned_positions=2 * learned.max_len * 512
+        37000, 6, 512, 2048, 8, 64, 64, learned_positions=2 * learned.max_positions * 512
     )
 
 

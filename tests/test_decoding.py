@@ -23,7 +23,7 @@ def _model(seed=0, vocab_size=40, **changes):
                 d_k=8,
                 d_v=8,
                 dropout_rate=0.0,
-                max_len=64,
+                max_positions=64,
             ),
             **changes,
         }

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 SMALL = [
     "--config.vocab_size=400",
-    "--config.max_len=24",
+    "--config.max_seq_len=24",
     "--config.batch_tokens=768",
     "--config.model.num_layers=2",
     "--config.model.d_model=64",
@@ -28,7 +28,7 @@ SMALL = [
     "--config.model.num_heads=4",
     "--config.model.d_k=16",
     "--config.model.d_v=16",
-    "--config.model.max_len=64",
+    "--config.model.max_positions=64",
     "--config.model.dropout_rate=0.0",
     "--config.warmup_steps=60",
     "--config.learning_rate_scale=0.5",

@@ -16,7 +16,7 @@ SMALL = dict(
     d_k=4,
     d_v=3,
     dropout_rate=0.0,
-    max_len=32,
+    max_positions=32,
 )
 SRC = np.array([[5, 6, 7, 8, 9, 0, 0], [11, 12, 13, 0, 0, 0, 0], [3, 4, 5, 6, 7, 8, 9]])
 TGT = np.array([[1, 20, 21, 22, 0, 0], [1, 23, 24, 25, 26, 27], [1, 28, 0, 0, 0, 0]])
@@ -185,5 +185,5 @@ def test_remat_changes_memory_not_results():
 def test_learned_positions_limit_the_cache_length():
     model, variables = _model(positional="learned")
     encoded = model.apply(variables, SRC, method=model.encode)
-    with pytest.raises(ValueError, match="max_len"):
+    with pytest.raises(ValueError, match="max_positions"):
         model.apply(variables, encoded, SRC, 64, method=model.init_cache)

@@ -3,8 +3,9 @@ import pathlib
 import pytest
 
 from tests.mo_files import write_mo
+from tfm.data import corpus as corpora
 from tfm.data import gettext_catalogs, sources
-from tfm.data.sources import CorpusError
+from tfm.data.corpus import CorpusError
 
 HOST_CATALOGS = pathlib.Path("/usr/share/locale/de/LC_MESSAGES")
 
@@ -19,7 +20,7 @@ def test_text_pair_reads_aligned_lines_with_bom_crlf_and_skips_empty(tmp_path):
         tmp_path / "a.en", "\ufeffHello world\r\n\r\nGood morning\r\nOnly source\n".encode()
     )
     tgt = _write(tmp_path / "a.de", b"Hallo Welt\r\nLeer\r\nGuten Morgen\r\n\n")
-    corpus = sources.read_text_pair(src, tgt)
+    corpus = corpora.read_text_pair(src, tgt)
     pairs = [p for split in corpus.splits.values() for p in split]
     assert sorted(pairs) == [("Good morning", "Guten Morgen"), ("Hello world", "Hallo Welt")]
     assert corpus.filtered["empty_side"] == 2
@@ -29,7 +30,7 @@ def test_text_pair_line_count_mismatch_names_both_files(tmp_path):
     src = _write(tmp_path / "a.en", b"one\ntwo\nthree\n")
     tgt = _write(tmp_path / "a.de", b"eins\nzwei\n")
     with pytest.raises(CorpusError) as error:
-        sources.read_text_pair(src, tgt)
+        corpora.read_text_pair(src, tgt)
     message = str(error.value)
     assert src in message and tgt in message and "3" in message and "2" in message
 
@@ -38,28 +39,28 @@ def test_invalid_utf8_names_file_and_line_or_is_replaced(tmp_path):
     src = _write(tmp_path / "a.en", b"fine\nbad \xff byte\n")
     tgt = _write(tmp_path / "a.de", b"gut\nschlecht\n")
     with pytest.raises(CorpusError, match=r"a\.en, line 2: invalid UTF-8"):
-        sources.read_text_pair(src, tgt)
-    corpus = sources.read_text_pair(src, tgt, encoding_errors="replace")
+        corpora.read_text_pair(src, tgt)
+    corpus = corpora.read_text_pair(src, tgt, encoding_errors="replace")
     pairs = [p for split in corpus.splits.values() for p in split]
     assert ("bad \ufffd byte", "schlecht") in pairs
 
 
 def test_tsv_reads_pairs_and_rejects_bad_lines(tmp_path):
     good = _write(tmp_path / "c.tsv", b"a b\tA B\n\nc\tC\n")
-    corpus = sources.read_tsv(good)
+    corpus = corpora.read_tsv(good)
     assert sorted(p for s in corpus.splits.values() for p in s) == [("a b", "A B"), ("c", "C")]
     assert corpus.filtered["empty_line"] == 1
     bad = _write(tmp_path / "d.tsv", b"a\tA\nno tab here\n")
     with pytest.raises(CorpusError, match=r"d\.tsv, line 2: expected"):
-        sources.read_tsv(bad)
+        corpora.read_tsv(bad)
     with pytest.raises(CorpusError, match="no such file"):
-        sources.read_tsv(str(tmp_path / "missing.tsv"))
+        corpora.read_tsv(str(tmp_path / "missing.tsv"))
 
 
 def test_split_by_hash_is_deterministic_and_about_two_percent():
     texts = [f"sentence number {i}" for i in range(20000)]
-    splits = [sources.split_of(t) for t in texts]
-    assert splits == [sources.split_of(t) for t in texts]
+    splits = [corpora.split_of(t) for t in texts]
+    assert splits == [corpora.split_of(t) for t in texts]
     for held_out in ("validation", "test"):
         assert 0.015 < splits.count(held_out) / len(texts) < 0.025
 
@@ -138,9 +139,15 @@ def test_gettext_tfds_builder_prepares_without_tensorflow(tmp_path):
     assert ("Quit", "Beenden") in all_pairs
     assert len(all_pairs) == len(set(all_pairs)) == 307
     for split, pairs in corpus.splits.items():
-        assert all(sources.split_of(s) == split for s, _ in pairs)
+        assert all(corpora.split_of(s) == split for s, _ in pairs)
     assert corpus.filtered["untranslated"] == 1
     assert (tmp_path / "data" / "gettext_translations" / "en-de").is_dir()
+    # prepared already: read back from the data dir, with the same filter counts
+    (locale / "de" / "LC_MESSAGES" / "app.mo").unlink()
+    again = sources.load_corpus(
+        sources.parse_spec("gettext:en-de"), tmp_path / "data", locale_dir=locale
+    )
+    assert again.splits == corpus.splits and again.filtered == corpus.filtered
     import sys
 
     assert "tensorflow" not in sys.modules
@@ -148,7 +155,8 @@ def test_gettext_tfds_builder_prepares_without_tensorflow(tmp_path):
 
 @pytest.mark.skipif(not HOST_CATALOGS.is_dir(), reason="no German catalogs on this machine")
 def test_host_catalogs_give_tens_of_thousands_of_pairs():
-    corpus = sources.read_gettext("de")
+    catalogs = gettext_catalogs.read_catalogs("de")
+    corpus = corpora.split_pairs(catalogs.pairs, catalogs.filtered)
     sizes = {split: len(pairs) for split, pairs in corpus.splits.items()}
     assert sizes["train"] > 20000 and sizes["validation"] > 300 and sizes["test"] > 300
     assert corpus.filtered["duplicate_source"] > 0

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tfm import ModelConfig, Transformer
-from tfm.data import pipeline, tokenizer
+from tfm.data import batching, pipeline, tokenizer
 from tfm.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 WORDS = (
@@ -28,7 +28,7 @@ def trained(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("data")
     pairs = _corpus()
     tok = tokenizer.load_or_train(pairs, "unit-test", 400, data_dir)
-    ids = pipeline.tokenize_split(pairs, tok, data_dir / "ids" / "train.npz")
+    ids = tokenizer.tokenize_split(pairs, tok, data_dir / "ids" / "train.npz")
     return pairs, tok, ids, data_dir
 
 
@@ -71,7 +71,7 @@ def test_id_cache_matches_tokenizer_and_is_reused(trained):
         def encode_batch(self, texts):
             raise AssertionError("re-tokenized despite the cache")
 
-    cached = pipeline.tokenize_split(pairs, Exploding(), data_dir / "ids" / "train.npz")
+    cached = tokenizer.tokenize_split(pairs, Exploding(), data_dir / "ids" / "train.npz")
     np.testing.assert_array_equal(cached.src_ids, ids.src_ids)
 
 
@@ -84,7 +84,7 @@ def _expected_row(ids, i, max_len):
 @pytest.mark.parametrize("pack", [False, True])
 def test_batches_hold_every_pair_once_correctly_under_budget(trained, pack):
     _, _, ids, _ = trained
-    config = pipeline.PipelineConfig(batch_tokens=512, max_len=12, pack=pack, seed=3)
+    config = batching.BatchConfig(batch_tokens=512, max_seq_len=12, pack=pack, seed=3)
     pipe = pipeline.BatchPipeline(ids, config)
     plan = pipe.plan(0)
     seen = []
@@ -99,7 +99,7 @@ def test_batches_hold_every_pair_once_correctly_under_budget(trained, pack):
             for segment, position in enumerate(members, start=1):
                 index = pipe.examples.indices[position]
                 seen.append(index)
-                source, tgt_in, tgt_out = _expected_row(ids, index, config.max_len)
+                source, tgt_in, tgt_out = _expected_row(ids, index, config.max_seq_len)
                 got = batch["src"][r, src_at : src_at + len(source)].tolist()
                 assert got == source
                 assert batch["tgt_in"][r, tgt_at : tgt_at + len(tgt_in)].tolist() == tgt_in
@@ -124,7 +124,7 @@ def test_batches_hold_every_pair_once_correctly_under_budget(trained, pack):
 
 def test_truncation_keeps_eos_and_counts(trained):
     _, _, ids, _ = trained
-    config = pipeline.PipelineConfig(batch_tokens=512, max_len=12, overlong="truncate")
+    config = batching.BatchConfig(batch_tokens=512, max_seq_len=12, overlong="truncate")
     pipe = pipeline.BatchPipeline(ids, config)
     assert pipe.examples.filtered["overlong_truncated"] > 0
     assert len(pipe.examples.indices) == len(ids)
@@ -138,14 +138,14 @@ def _synthetic_split(n=5000, seed=0):
     rng = np.random.default_rng(seed)
     src = [rng.integers(4, 100, int(k)).tolist() for k in rng.lognormal(2.0, 0.6, n).clip(1, 60)]
     tgt = [rng.integers(4, 100, max(1, len(s) + int(rng.integers(-2, 3)))).tolist() for s in src]
-    src_ids, src_offsets = pipeline._flatten(src)
-    tgt_ids, tgt_offsets = pipeline._flatten(tgt)
-    return pipeline.TokenizedSplit(src_ids, src_offsets, tgt_ids, tgt_offsets)
+    src_ids, src_offsets = tokenizer._flatten(src)
+    tgt_ids, tgt_offsets = tokenizer._flatten(tgt)
+    return tokenizer.TokenizedSplit(src_ids, src_offsets, tgt_ids, tgt_offsets)
 
 
 def test_bucketed_padding_is_far_lower_than_unbucketed():
     ids = _synthetic_split()
-    config = pipeline.PipelineConfig(batch_tokens=2048, max_len=64)
+    config = batching.BatchConfig(batch_tokens=2048, max_seq_len=64)
     pipe = pipeline.BatchPipeline(ids, config)
     real = padded = 0
     for rows in pipe.plan(0):
@@ -163,7 +163,7 @@ def test_bucketed_padding_is_far_lower_than_unbucketed():
 
 def test_iterator_state_round_trip_across_epochs(trained):
     _, _, ids, _ = trained
-    pipe = pipeline.BatchPipeline(ids, pipeline.PipelineConfig(batch_tokens=1024, max_len=32))
+    pipe = pipeline.BatchPipeline(ids, batching.BatchConfig(batch_tokens=1024, max_seq_len=32))
     per_epoch = len(pipe.plan(0))
     iterator = pipe.iterator()
     for _ in range(per_epoch - 2):
@@ -182,7 +182,7 @@ def test_iterator_state_round_trip_across_epochs(trained):
 
 def test_epochs_are_reshuffled_deterministically(trained):
     _, _, ids, _ = trained
-    config = pipeline.PipelineConfig(batch_tokens=1024, max_len=32, seed=5)
+    config = batching.BatchConfig(batch_tokens=1024, max_seq_len=32, seed=5)
     a = pipeline.BatchPipeline(ids, config)
     b = pipeline.BatchPipeline(ids, config)
     assert a.plan(0) == b.plan(0)
@@ -192,7 +192,7 @@ def test_epochs_are_reshuffled_deterministically(trained):
 @pytest.mark.parametrize("pack", [False, True])
 def test_process_shards_are_disjoint_and_cover_the_split(trained, pack):
     _, _, ids, _ = trained
-    config = pipeline.PipelineConfig(batch_tokens=1024, max_len=32, row_multiple=2, pack=pack)
+    config = batching.BatchConfig(batch_tokens=1024, max_seq_len=32, row_multiple=2, pack=pack)
     shards = [
         pipeline.BatchPipeline(ids, config, process_index=p, process_count=2) for p in range(2)
     ]
@@ -200,7 +200,7 @@ def test_process_shards_are_disjoint_and_cover_the_split(trained, pack):
         local = [shard.local_batch(rows) for shard in shards]
         for p, batch in enumerate(local):  # equal shapes on every process, its own rows
             assert batch["src"].shape == (len(rows) // 2, local[0]["src"].shape[1])
-            expected = pipeline.assemble_batch(
+            expected = batching.assemble_batch(
                 ids,
                 shards[0].examples,
                 rows[p * len(rows) // 2 : (p + 1) * len(rows) // 2],
@@ -224,7 +224,7 @@ def test_process_shards_are_disjoint_and_cover_the_split(trained, pack):
 def test_packed_batch_from_the_pipeline_keeps_pairs_apart(trained):
     _, tok, ids, _ = trained
     pipe = pipeline.BatchPipeline(
-        ids, pipeline.PipelineConfig(batch_tokens=256, max_len=64, pack=True)
+        ids, batching.BatchConfig(batch_tokens=256, max_seq_len=64, pack=True)
     )
     rows = pipe.plan(0)[0]
     batch = pipe.local_batch(rows)

@@ -33,7 +33,8 @@ class ModelConfig:
       attention_dropout_rate: dropout on the attention weights (not in the paper; tensor2tensor
         offers it). 0 disables it.
       positional: "sinusoidal" (section 3.5) or "learned" (Table 3 row E).
-      max_len: the longest position a learned positional table covers, and the default cache length.
+      max_positions: positions a learned table covers (row E), and the default decoding cache
+        length; sinusoids need no table.
       norm: "post" for the paper's LayerNorm(x + Dropout(Sublayer(x))), "pre" for
         x + Dropout(Sublayer(LayerNorm(x))) with a final LayerNorm on each stack.
       dtype: compute dtype of activations and matmuls; parameters stay float32 and softmax and
@@ -54,7 +55,7 @@ class ModelConfig:
     dropout_rate: float = 0.1
     attention_dropout_rate: float = 0.0
     positional: Literal["sinusoidal", "learned"] = "sinusoidal"
-    max_len: int = 256
+    max_positions: int = 256
     norm: Literal["post", "pre"] = "post"
     dtype: Literal["float32", "bfloat16"] = "float32"
     attention: Literal["reference", "xla", "cudnn"] = "reference"
@@ -70,7 +71,7 @@ class ModelConfig:
             "num_heads",
             "d_k",
             "d_v",
-            "max_len",
+            "max_positions",
         )
         for name in positive:
             value = getattr(self, name)

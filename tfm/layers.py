@@ -73,7 +73,7 @@ class SharedEmbedding(nn.Module):
 class LearnedPositions(nn.Module):
     """Learned positional embeddings (Table 3 row E): one trained vector per position."""
 
-    max_len: int
+    num_positions: int
     d_model: int
 
     @nn.compact
@@ -81,7 +81,7 @@ class LearnedPositions(nn.Module):
         table = self.param(
             "positions",
             nn.initializers.normal(stddev=0.02),
-            (self.max_len, self.d_model),
+            (self.num_positions, self.d_model),
             jnp.float32,
         )
         return jnp.take(table, positions, axis=0)
@@ -326,7 +326,7 @@ class DecoderLayer(nn.Module):
     ) -> tuple[Array, Array, Array]:
         """One incremental decoding step for `[batch, 1, d_model]` input at `position`.
 
-        Writes this step's self-attention K/V into the heads-first `[batch, heads, max_len, d]`
+        Writes this step's self-attention K/V into the heads-first `[batch, heads, max_steps, d]`
         caches at `position` and attends over positions <= `position`; `cross_k`/`cross_v` are
         heads-first too (`cross_kv`). Returns the output and both self-attention caches.
         """

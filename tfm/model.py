@@ -34,10 +34,10 @@ class LayerCache:
     """One decoder layer's attention state during incremental decoding.
 
     Heads first, so each step's per-head products read them without a transpose:
-    self_k: `[batch, heads, max_len, d_k]`, self_v: `[batch, heads, max_len, d_v]` — the decoder's
-    own keys/values, written one position per step. cross_k: `[batch, heads, src_len, d_k]`,
-    cross_v: `[batch, heads, src_len, d_v]` — this layer's projection of the final encoder output,
-    computed once.
+    self_k: `[batch, heads, max_steps, d_k]`, self_v: `[batch, heads, max_steps, d_v]` — the
+    decoder's own keys/values, written one position per step. cross_k: `[batch, heads, src_len,
+    d_k]`, cross_v: `[batch, heads, src_len, d_v]` — this layer's projection of the final encoder
+    output, computed once.
     """
 
     self_k: Array
@@ -55,8 +55,26 @@ class DecodeCache:
     src_valid: Array
 
     @property
-    def max_len(self) -> int:
+    def max_steps(self) -> int:
+        """Decoder positions the self-attention caches hold."""
         return self.layers[0].self_k.shape[2]
+
+    def reorder_beams(self, rows: Array) -> DecodeCache:
+        """Beam search's reorder: new row r is old row `rows[r]` (`[batch * beam]` flat rows).
+
+        Rows move only within one sentence's beams, so the sentence-constant parts
+        (cross-attention K/V, source mask) stay as they are; each self-attention K/V is one
+        gather of contiguous `[heads, max_steps, d]` blocks, which XLA lowers to row copies.
+        """
+
+        def gather(x: Array) -> Array:
+            return x.at[rows].get(mode="promise_in_bounds")
+
+        layers = tuple(
+            layer.replace(self_k=gather(layer.self_k), self_v=gather(layer.self_v))
+            for layer in self.layers
+        )
+        return self.replace(layers=layers)
 
 
 class Transformer(nn.Module):
@@ -73,8 +91,8 @@ class Transformer(nn.Module):
         c = self.config
         self.embedding = SharedEmbedding(c.vocab_size, c.d_model, compute_dtype(c))
         if c.positional == "learned":
-            self.src_position_table = LearnedPositions(c.max_len, c.d_model)
-            self.tgt_position_table = LearnedPositions(c.max_len, c.d_model)
+            self.src_position_table = LearnedPositions(c.max_positions, c.d_model)
+            self.tgt_position_table = LearnedPositions(c.max_positions, c.d_model)
         encoder_cls, decoder_cls = EncoderLayer, DecoderLayer
         if c.remat:
             # Argument 0 is the module itself; `deterministic` must stay a Python bool.
@@ -181,18 +199,18 @@ class Transformer(nn.Module):
             encoded, src, tgt_in, src_segments, tgt_segments, tgt_positions, deterministic
         )
 
-    def init_cache(self, encoded: Array, src: Array, max_len: int | None = None) -> DecodeCache:
+    def init_cache(self, encoded: Array, src: Array, max_steps: int | None = None) -> DecodeCache:
         """Decoding state for `[batch, src_len, d_model]` encoder output of `[batch, src_len]` ids.
 
-        Cross-attention K/V are computed here, once; self-attention K/V are zeros of length
-        `max_len` (default `config.max_len`), filled by `decode_step`.
+        Cross-attention K/V are computed here, once; self-attention K/V are zeros for `max_steps`
+        decoder positions (default `config.max_positions`), filled by `decode_step`.
         """
         c = self.config
-        max_len = c.max_len if max_len is None else max_len
-        if c.positional == "learned" and max_len > c.max_len:
+        max_steps = c.max_positions if max_steps is None else max_steps
+        if c.positional == "learned" and max_steps > c.max_positions:
             raise ValueError(
-                f"max_len={max_len} exceeds the learned position table (ModelConfig.max_len="
-                f"{c.max_len})"
+                f"decoding {max_steps} positions exceeds the learned position table "
+                f"(ModelConfig.max_positions={c.max_positions})"
             )
         batch = src.shape[0]
         dtype = compute_dtype(c)
@@ -201,8 +219,8 @@ class Transformer(nn.Module):
             cross_k, cross_v = layer.cross_kv(encoded)
             layers.append(
                 LayerCache(
-                    self_k=jnp.zeros((batch, c.num_heads, max_len, c.d_k), dtype),
-                    self_v=jnp.zeros((batch, c.num_heads, max_len, c.d_v), dtype),
+                    self_k=jnp.zeros((batch, c.num_heads, max_steps, c.d_k), dtype),
+                    self_v=jnp.zeros((batch, c.num_heads, max_steps, c.d_v), dtype),
                     cross_k=cross_k.astype(dtype),
                     cross_v=cross_v.astype(dtype),
                 )

@@ -1,7 +1,9 @@
-"""The training job: data -> sharded train steps -> metrics and checkpoints -> evaluation.
+"""The training job that train.py runs: build everything from a `JobConfig` (`tfm.job`), train
+with resumption (step -> log -> evaluate -> checkpoint), then translate and score the test split.
 
-`train_and_evaluate(config, workdir)` is what `train.py` runs. The config (an ml_collections
-ConfigDict, see configs/common.py) is read here, once, and turned into plain values.
+The pure pieces live elsewhere: the loss, schedule and steps in `tfm.training`, their compiled
+mesh/pmap forms in `tfm.steps`, the records in `tfm.train_log`, the workdir's files in
+`tfm.workdir`, translation and BLEU in `tfm.translate`.
 """
 
 from __future__ import annotations
@@ -13,279 +15,75 @@ import pathlib
 import signal
 import sys
 import time
-from typing import Any
 
 import jax
 import numpy as np
 from tqdm import tqdm
 
 from tfm import checkpoint as ckpt
-from tfm import metrics as bleu
-from tfm import parallel, training, viz
-from tfm.config import ModelConfig
-from tfm.data import pipeline as data_pipeline
-from tfm.data import sources as data_sources
+from tfm import metrics, parallel, steps, training, translate, viz
+from tfm.data.pipeline import BatchPipeline
 from tfm.data.prepare import PreparedData, prepare
-from tfm.inference import MODEL_CARD
+from tfm.job import JobConfig
 from tfm.model import Transformer
-from tfm.translate import TranslateConfig, translate
+from tfm.train_log import TrainingDiverged, TrainLog
+from tfm.workdir import ModelCard, Workdir, write_model_card
 
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or Inf."""
+__all__ = ["Job", "TrainingDiverged", "build_job", "format_report", "train", "train_and_evaluate"]
 
 
 @dataclasses.dataclass
-class _Job:
+class Job:
     """Everything built from the config before the first step."""
 
-    config: Any
-    workdir: pathlib.Path
+    config: JobConfig
+    workdir: Workdir
     data: PreparedData
     model: Transformer
-    train_config: training.TrainConfig
-    optimizer: Any
-    pipeline: data_pipeline.BatchPipeline
-    eval_pipeline: data_pipeline.BatchPipeline
-    mesh: Any
-    strategy: str
+    pipeline: BatchPipeline
+    eval_pipeline: BatchPipeline
+    steps: steps.MeshSteps | steps.PmapSteps
 
 
-def model_config_from(config, vocab_size: int) -> ModelConfig:
-    try:
-        return ModelConfig(vocab_size=vocab_size, **config.model.to_dict())
-    except TypeError as error:
-        raise ValueError(f"config.model has a key ModelConfig does not know: {error}") from None
-
-
-def _check_config(config) -> None:
-    positive = (
-        "num_train_steps",
-        "batch_tokens",
-        "max_len",
-        "log_every_steps",
-        "eval_every_steps",
-        "checkpoint_every_steps",
-        "keep_checkpoints",
-        "grad_accum_steps",
-        "vocab_size",
-        "warmup_steps",
-        "model_parallel",
-    )
-    for key in positive:
-        value = config[key]
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"config.{key} must be a positive integer, got {value!r}")
-    if config.parallelism not in parallel.STRATEGIES:
-        raise ValueError(
-            f"config.parallelism must be one of {parallel.STRATEGIES}, got {config.parallelism!r}"
-        )
-    if config.keep_checkpoints < config.decode.average_last:
-        raise ValueError(
-            f"config.keep_checkpoints ({config.keep_checkpoints}) must be at least "
-            f"config.decode.average_last ({config.decode.average_last})"
-        )
-
-
-def build_job(config, workdir: str | pathlib.Path) -> _Job:
-    _check_config(config)
-    workdir = pathlib.Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    data = prepare(_spec(config), config.data_dir, config.vocab_size)
-    model_config = model_config_from(config, data.tokenizer.vocab_size)
-    model = Transformer(model_config)
-    train_config = training.TrainConfig(
-        label_smoothing=config.label_smoothing,
-        warmup_steps=config.warmup_steps,
-        learning_rate_scale=config.learning_rate_scale,
-        grad_clip_norm=config.grad_clip_norm or None,
-    )
-    optimizer = training.make_optimizer(train_config, model_config.d_model)
-    strategy = config.parallelism
-    mesh = parallel.make_mesh(config.model_parallel if strategy == "tensor" else 1)
-    data_devices = mesh.shape["data"]
-    row_multiple = math.lcm(data_devices * config.grad_accum_steps, jax.process_count())
-    common = dict(
-        max_len=config.max_len,
-        overlong=config.overlong,
-        pack=config.pack,
-        row_multiple=row_multiple,
-    )
-    pipeline = data_pipeline.BatchPipeline(
-        data.ids["train"],
-        data_pipeline.PipelineConfig(batch_tokens=config.batch_tokens, seed=config.seed, **common),
-        jax.process_index(),
-        jax.process_count(),
-    )
-    eval_pipeline = data_pipeline.BatchPipeline(
-        data.ids["validation"],
-        data_pipeline.PipelineConfig(batch_tokens=config.batch_tokens, shuffle=False, **common),
-        jax.process_index(),
-        jax.process_count(),
-    )
-    if jax.process_index() == 0:
-        write_model_card(workdir, model_config, data)
-    return _Job(
-        config,
-        workdir,
-        data,
+def build_job(config: JobConfig, workdir: str | pathlib.Path) -> Job:
+    """Prepare the data (built once, cached in the data dir), the model, the device mesh or pmap,
+    the batch pipelines, and write the model card."""
+    workdir = Workdir(workdir)
+    workdir.root.mkdir(parents=True, exist_ok=True)
+    data = prepare(config.spec, config.data_dir, config.vocab_size)
+    model = Transformer(config.model_config(data.tokenizer.vocab_size))
+    optimizer = training.make_optimizer(config.train, model.config.d_model)
+    tensor = config.parallelism == "tensor"
+    mesh = parallel.make_mesh(config.model_parallel if tensor else 1)
+    compiled = steps.make_steps(
         model,
-        train_config,
         optimizer,
-        pipeline,
-        eval_pipeline,
+        config.train.label_smoothing,
+        config.parallelism,
         mesh,
-        strategy,
+        config.grad_accum_steps,
     )
-
-
-def write_model_card(workdir: pathlib.Path, model_config: ModelConfig, data: PreparedData):
-    """What decode.py needs to rebuild the model and its vocabulary from a workdir."""
-    card = dict(
-        model=dataclasses.asdict(model_config),
-        vocabulary=str(data.tokenizer.path.absolute()),
-        dataset=f"{data.spec.kind}:{data.spec.argument}",
-        source_language=data.spec.source_language,
-        target_language=data.spec.target_language,
-    )
-    (workdir / MODEL_CARD).write_text(json.dumps(card, indent=1))
-
-
-def _spec(config):
-    return data_sources.parse_spec(config.dataset, config.source_language, config.target_language)
-
-
-def _micro_batched(batch: dict[str, np.ndarray], micro: int) -> dict[str, np.ndarray]:
-    if micro == 1:
-        return batch
-    return {k: v.reshape(micro, v.shape[0] // micro, *v.shape[1:]) for k, v in batch.items()}
-
-
-class _StepRunner:
-    """The compiled train and eval steps for the chosen strategy, and batch placement."""
-
-    def __init__(self, job: _Job):
-        self.job = job
-        model, optimizer = job.model, job.optimizer
-        smoothing = job.train_config.label_smoothing
-        self.micro = job.config.grad_accum_steps
-        if job.strategy == "pmap":
-            self.devices = jax.local_device_count()
-            self._train = jax.pmap(
-                lambda s, b: training.train_step(
-                    s, b, model=model, optimizer=optimizer, smoothing=smoothing, axis_name="batch"
-                ),
-                axis_name="batch",
-                donate_argnums=(0,),
-            )
-            self._eval = jax.pmap(
-                lambda p, b: jax.lax.psum(
-                    training.eval_step(p, b, model=model, smoothing=smoothing), "batch"
-                ),
-                axis_name="batch",
-            )
-        else:
-            self._train_fn = lambda s, b: training.train_step(
-                s, b, model=model, optimizer=optimizer, smoothing=smoothing
-            )
-            self._eval = jax.jit(
-                lambda p, b: training.eval_step(p, b, model=model, smoothing=smoothing)
-            )
-
-    def init_state(self, rng_seed: int):
-        job = self.job
-        example = {
-            k: np.zeros((job.pipeline.config.row_multiple, 8), np.int32)
-            for k in ("src", "tgt_in", "tgt_out")
-        }
-        init = lambda rng: training.init_train_state(  # noqa: E731
-            job.model, job.optimizer, rng, example
+    rows = math.lcm(mesh.shape["data"] * config.grad_accum_steps, jax.process_count())
+    batches = dataclasses.replace(config.batches, row_multiple=rows)
+    shard = (jax.process_index(), jax.process_count())
+    pipeline = BatchPipeline(data.ids["train"], batches, *shard)
+    eval_batches = dataclasses.replace(batches, shuffle=False)
+    eval_pipeline = BatchPipeline(data.ids["validation"], eval_batches, *shard)
+    if jax.process_index() == 0:
+        card = ModelCard(
+            model=model.config,
+            vocabulary=str(data.tokenizer.path.absolute()),
+            dataset=data.spec.name,
+            source_language=data.spec.source_language,
+            target_language=data.spec.target_language,
         )
-        rng = jax.random.PRNGKey(rng_seed)
-        if job.strategy == "pmap":
-            return init(rng)
-        shapes = jax.eval_shape(init, rng)
-        self.state_sharding = parallel.state_shardings(shapes, job.strategy, job.mesh)
-        self._train = jax.jit(
-            self._train_fn,
-            in_shardings=(self.state_sharding, None),
-            out_shardings=(self.state_sharding, None),
-            donate_argnums=(0,),
-        )
-        return jax.jit(init, out_shardings=self.state_sharding)(rng)
-
-    def abstract_state(self, state):
-        return jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
-            state,
-        )
-
-    def place(self, batch: dict[str, np.ndarray], micro: int):
-        batch = _micro_batched(batch, micro)
-        if self.job.strategy == "pmap":
-            return parallel.split_for_pmap(batch, self.devices)
-        sharding = parallel.batch_sharding(self.job.mesh, micro_batched=micro > 1)
-        return parallel.global_batch(batch, sharding)
-
-    def to_device(self, state):
-        if self.job.strategy == "pmap":
-            return parallel.replicate_for_pmap(state)
-        return state
-
-    def from_device(self, state):
-        if self.job.strategy == "pmap":
-            return jax.tree.map(lambda x: x[0], state)
-        return state
-
-    def train(self, state, batch):
-        return self._train(state, self.place(batch, self.micro))
-
-    def evaluate(self, params, max_batches: int) -> dict[str, float]:
-        totals = dict(loss=0.0, nll=0.0, tokens=0.0)
-        plan = self.job.eval_pipeline.plan(0)
-        if max_batches:
-            plan = plan[:max_batches]
-        for rows in plan:
-            sums = self._eval(params, self.place(self.job.eval_pipeline.local_batch(rows), 1))
-            sums = jax.device_get(sums)
-            for key in totals:
-                value = np.asarray(sums[key])
-                totals[key] += float(value[0] if value.ndim else value)
-        tokens = max(totals["tokens"], 1.0)
-        return dict(
-            loss=totals["loss"] / tokens,
-            nll=totals["nll"] / tokens,
-            perplexity=bleu.perplexity(totals["nll"], tokens),
-            tokens=totals["tokens"],
-        )
+        write_model_card(workdir, card)
+    return Job(config, workdir, data, model, pipeline, eval_pipeline, compiled)
 
 
-class _MetricWriter:
-    """metrics.jsonl (every record) and TensorBoard event files (scalars), process 0 only."""
-
-    def __init__(self, workdir: pathlib.Path):
-        self.enabled = jax.process_index() == 0
-        self.path = workdir / "metrics.jsonl"
-        self._tensorboard = None
-        if self.enabled:
-            from tensorboardX import SummaryWriter
-
-            self._tensorboard = SummaryWriter(str(workdir / "tensorboard"))
-
-    def write(self, record: dict) -> None:
-        if not self.enabled:
-            return
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
-        prefix = record.get("kind", "train")
-        for key, value in record.items():
-            if isinstance(value, (int, float)) and key not in ("step", "time"):
-                self._tensorboard.add_scalar(f"{prefix}/{key}", value, record["step"])
-        self._tensorboard.flush()
-
-    def close(self) -> None:
-        if self._tensorboard is not None:
-            self._tensorboard.close()
+def due(step: int, every: int, total: int) -> bool:
+    """Whether something done every `every` steps (and at the last step) is due at `step`."""
+    return step % every == 0 or step == total
 
 
 class _StopSignal:
@@ -309,242 +107,171 @@ class _StopSignal:
             signal.signal(sig, handler)
 
 
-def train(job: _Job, profile: bool = False) -> dict:
-    """Train to config.num_train_steps, resuming from the workdir's latest checkpoint."""
-    config = job.config
-    runner = _StepRunner(job)
-    state = runner.init_state(config.seed)
-    checkpointer = ckpt.Checkpointer(job.workdir, keep=config.keep_checkpoints)
+def validation_loss(job: Job, state) -> dict[str, float]:
+    """Per-token label-smoothed loss, NLL and perplexity on the validation split (the first
+    `eval_batches` batches, or all)."""
+    totals = dict(loss=0.0, nll=0.0, tokens=0.0)
+    plan = job.eval_pipeline.plan(0)
+    if job.config.loop.eval_batches:
+        plan = plan[: job.config.loop.eval_batches]
+    for rows in plan:
+        sums = job.steps.eval_sums(state, job.eval_pipeline.local_batch(rows))
+        for key in totals:
+            totals[key] += sums[key]
+    tokens = max(totals["tokens"], 1.0)
+    return dict(
+        loss=totals["loss"] / tokens,
+        nll=totals["nll"] / tokens,
+        perplexity=metrics.perplexity(totals["nll"], tokens),
+        tokens=totals["tokens"],
+    )
+
+
+def train(job: Job, profile: bool = False) -> dict:
+    """Train to num_train_steps, resuming from the workdir's latest checkpoint."""
+    loop = job.config.loop
+    state = job.steps.init_state(loop.seed, job.pipeline.config.row_multiple)
+    checkpointer = ckpt.Checkpointer(job.workdir.root, keep=loop.keep_checkpoints)
     iterator = job.pipeline.iterator()
-    start_step = 0
+    start = 0
     if checkpointer.steps():
-        target = runner.abstract_state(state)
-        state, data_state, _, start_step = checkpointer.restore(target)
+        state, data_state, _, start = checkpointer.restore(steps.abstract_state(state))
         iterator.set_state(data_state)
-        print(f"Resumed from step {start_step} in {checkpointer.directory}", file=sys.stderr)
-    total = config.num_train_steps
-    if start_step >= total:
+        print(f"Resumed from step {start} in {checkpointer.directory}", file=sys.stderr)
+    total = loop.num_train_steps
+    if start >= total:
         print(
-            f"Training already complete: step {start_step} of {total} in {job.workdir}",
+            f"Training already complete: step {start} of {total} in {job.workdir.root}",
             file=sys.stderr,
         )
         checkpointer.close()
-        return dict(step=start_step, resumed_from=start_step, already_complete=True)
-    state = runner.to_device(state)
-    writer = _MetricWriter(job.workdir)
-    d_model = job.model.config.d_model
+        return dict(step=start, resumed_from=start, already_complete=True)
+    state = job.steps.to_device(state)
+    log = TrainLog(job.workdir.metrics, job.workdir.tensorboard, start, total)
 
-    def save(step: int) -> None:
-        host_state = runner.from_device(state)
-        checkpointer.save(
-            step,
-            host_state,
-            iterator.get_state(),
-            dict(step=step, digest=ckpt.params_digest(host_state.params)),
+    def learning_rate(step: int) -> float:
+        schedule = job.config.train
+        return float(
+            training.learning_rate(
+                step, job.model.config.d_model, schedule.warmup_steps, schedule.learning_rate_scale
+            )
         )
 
-    step = start_step
-    last_saved = start_step
-    pending: list[tuple[int, Any]] = []
-    window_tokens, window_start = 0.0, time.perf_counter()
-    train_start = time.perf_counter()
-    trained_tokens = 0.0
-    bar = tqdm(
-        total=total,
-        initial=start_step,
-        desc="train",
-        unit="step",
-        dynamic_ncols=True,
-        disable=jax.process_index() != 0,
-        file=sys.stderr,
-    )
-    stop_reason = None
+    def save(step: int) -> None:
+        host = job.steps.host_state(state)
+        meta = dict(step=step, digest=ckpt.params_digest(host.params))
+        checkpointer.save(step, host, iterator.get_state(), meta)
+
+    step, stop_reason = start, None
     try:
         with _StopSignal() as stop:
             while step < total:
-                if profile and step == start_step + 2:
-                    jax.profiler.start_trace(str(job.workdir / "profile"))
-                batch = next(iterator)
-                state, step_metrics = runner.train(state, batch)
+                if profile and step == start + 2:
+                    jax.profiler.start_trace(str(job.workdir.profile))
+                state, step_metrics = job.steps.train(state, next(iterator))
                 step += 1
-                pending.append((step, step_metrics))
-                if profile and step == start_step + 5:
+                log.step_done(step, step_metrics)
+                if profile and step == start + 5:
                     jax.block_until_ready(state)
                     jax.profiler.stop_trace()
-                # every save and evaluation first checks all steps since the last check
-                due = (
-                    step % config.log_every_steps == 0
-                    or step == total
-                    or stop.received
-                    or step % config.checkpoint_every_steps == 0
-                    or step % config.eval_every_steps == 0
-                )
-                if due:
-                    records = _check_finite(jax.device_get(pending))
-                    pending = []
-                    now = time.perf_counter()
-                    tokens = sum(r["tokens"] for r in records)
-                    window_tokens += tokens
-                    trained_tokens += tokens
-                    rate = window_tokens / max(now - window_start, 1e-9)
-                    window_tokens, window_start = 0.0, now
-                    last = records[-1]
-                    lr = float(
-                        training.learning_rate(
-                            step, d_model, config.warmup_steps, config.learning_rate_scale
-                        )
-                    )
-                    writer.write(
-                        dict(
-                            kind="train",
-                            step=step,
-                            loss=last["loss"],
-                            nll=last["nll"],
-                            learning_rate=lr,
-                            target_tokens_per_second=rate,
-                            grad_norm=last["grad_norm"],
-                            time=now - train_start,
-                        )
-                    )
-                    bar.set_postfix(
-                        loss=f"{last['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:,.0f}"
-                    )
-                bar.update(1)
-                if step % config.eval_every_steps == 0 or step == total:
-                    # under pmap the state's parameters are already one copy per device
-                    evaluation = runner.evaluate(state.params, config.eval_batches)
-                    writer.write(dict(kind="eval", step=step, **evaluation))
-                    bar.write(
-                        f"step {step}: validation loss {evaluation['loss']:.3f}, "
-                        f"perplexity {evaluation['perplexity']:.2f}",
-                        file=sys.stderr,
-                    )
-                if step % config.checkpoint_every_steps == 0 or step == total:
+                evaluate_now = due(step, loop.eval_every_steps, total)
+                save_now = due(step, loop.checkpoint_every_steps, total) or stop.received
+                if due(step, loop.log_every_steps, total) or evaluate_now or save_now:
+                    log.flush(learning_rate(step))  # raises before a diverged state is used
+                if evaluate_now:
+                    log.evaluation(step, validation_loss(job, state))
+                if save_now:
                     save(step)
-                    last_saved = step
                 if stop.received:
                     stop_reason = signal.Signals(stop.received).name
                     break
     finally:
-        bar.close()
-        writer.close()
-    if step != last_saved:
-        save(step)
-    checkpointer.close()
-    elapsed = time.perf_counter() - train_start
+        log.close()
+        checkpointer.close()
     if stop_reason:
         print(
-            f"Received {stop_reason}: saved checkpoint {step} in {job.workdir}; run the same "
+            f"Received {stop_reason}: saved checkpoint {step} in {job.workdir.root}; run the same "
             "command again to resume",
             file=sys.stderr,
         )
+    seconds = log.seconds
     return dict(
         step=step,
-        resumed_from=start_step,
+        resumed_from=start,
         stopped_by=stop_reason,
-        seconds=elapsed,
-        target_tokens=trained_tokens,
-        target_tokens_per_second=trained_tokens / max(elapsed, 1e-9),
+        seconds=seconds,
+        target_tokens=log.trained_tokens,
+        target_tokens_per_second=log.trained_tokens / max(seconds, 1e-9),
     )
 
 
-def _check_finite(fetched: list[tuple[int, dict]]) -> list[dict]:
-    records = []
-    for step, values in fetched:
-        record = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in values.items()}
-        if not math.isfinite(record["loss"]):
-            raise TrainingDiverged(
-                f"loss is {record['loss']} at step {step}; stopping without saving it. The last "
-                "good checkpoint is kept in the workdir: lower learning_rate_scale, set "
-                "grad_clip_norm, or check the data, then run again"
-            )
-        records.append(record)
-    return records
-
-
-def evaluate_translations(job: _Job) -> dict:
+def evaluate_translations(job: Job) -> dict:
     """Average the last checkpoints, translate the test split, score BLEU and the copy floor."""
-    config = job.config
-    params, steps = ckpt.average_last(job.workdir, config.decode.average_last)
-    test_pairs = job.data.corpus.splits["test"]
-    sources = [s for s, _ in test_pairs]
-    references = [t for _, t in test_pairs]
-    translate_config = TranslateConfig(
-        beam_size=config.decode.beam_size,
-        alpha=config.decode.alpha,
-        extra_length=config.decode.extra_length,
-        batch_tokens=config.decode.batch_tokens,
-        max_source_len=min(job.model.config.max_len, 4 * config.max_len),
-    )
+    final = job.config.final
+    params, averaged = ckpt.average_last(job.workdir.root, final.average_last)
+    pairs = job.data.corpus.splits["test"]
+    sources = [s for s, _ in pairs]
+    references = [t for _, t in pairs]
+    max_source_len = min(job.model.config.max_positions, 4 * job.config.batches.max_seq_len)
+    config = dataclasses.replace(final.translate, max_source_len=max_source_len)
     start = time.perf_counter()
     with tqdm(
         total=len(sources), desc="translate test", unit="sent", file=sys.stderr, dynamic_ncols=True
     ) as bar:
-        hypotheses = translate(
-            job.model,
-            jax.device_put(params),
-            job.data.tokenizer,
-            sources,
-            translate_config,
-            progress=bar.update,
+        hypotheses = translate.translate(
+            job.model, jax.device_put(params), job.data.tokenizer, sources, config, bar.update
         )
     seconds = time.perf_counter() - start
-    compound = job.data.spec.target_language == "de"
     rng = np.random.default_rng(0)
-    samples = [
-        dict(source=sources[i], reference=references[i], translation=hypotheses[i])
-        for i in rng.choice(
-            len(sources), min(config.decode.num_samples, len(sources)), replace=False
-        )
-    ]
-    (job.workdir / "test_translations.txt").write_text("\n".join(hypotheses) + "\n")
+    shown = rng.choice(len(sources), min(final.num_samples, len(sources)), replace=False)
+    job.workdir.translations.write_text("\n".join(hypotheses) + "\n")
+    scores = translate.score(hypotheses, references, job.data.spec.target_language, sources)
     return dict(
         test_sentences=len(sources),
-        averaged_steps=steps,
-        beam_size=config.decode.beam_size,
-        alpha=config.decode.alpha,
+        averaged_steps=averaged,
+        beam_size=config.beam_size,
+        alpha=config.alpha,
         decode_seconds=seconds,
-        sacrebleu=bleu.sacre_bleu(hypotheses, references),
-        tokenized_bleu=bleu.tokenized_bleu(hypotheses, references, compound_split=compound),
-        copy_source_sacrebleu=bleu.sacre_bleu(sources, references),
-        samples=samples,
+        **scores,
+        samples=[
+            dict(source=sources[i], reference=references[i], translation=hypotheses[i])
+            for i in shown
+        ],
     )
 
 
-def train_and_evaluate(config, workdir: str | pathlib.Path, profile: bool = False) -> dict:
+def train_and_evaluate(
+    config: JobConfig, workdir: str | pathlib.Path, profile: bool = False
+) -> dict:
     """The main job: prepare data, train (resuming), then translate and score the test split."""
     wall_start = time.perf_counter()
     parallel.initialize_distributed()
     job = build_job(config, workdir)
     summary = job.data.summary(job.pipeline.config)
-    if jax.process_index() == 0:
-        print(
-            json.dumps(
-                dict(
-                    data=summary,
-                    model=dataclasses.asdict(job.model.config),
-                    devices=jax.device_count(),
-                    processes=jax.process_count(),
-                ),
-                indent=None,
-            ),
-            file=sys.stderr,
+    lead = jax.process_index() == 0
+    if lead:
+        overview = dict(
+            data=summary,
+            model=dataclasses.asdict(job.model.config),
+            devices=jax.device_count(),
+            processes=jax.process_count(),
         )
-    result = dict(config=config.to_dict(), data=summary, training=train(job, profile))
+        print(json.dumps(overview), file=sys.stderr)
+    result = dict(config=dataclasses.asdict(config), data=summary, training=train(job, profile))
     if result["training"].get("stopped_by"):
         return result
-    results_path = job.workdir / "results.json"
+    results_path = job.workdir.results
     if result["training"].get("already_complete") and results_path.is_file():
         previous = json.loads(results_path.read_text())
         if previous.get("training", {}).get("step") == result["training"]["step"]:
             print("Results of the finished run:", file=sys.stderr)
             return previous
-    if (job.workdir / "metrics.jsonl").is_file() and jax.process_index() == 0:
-        viz.plot_training_curves(job.workdir / "metrics.jsonl", job.workdir / "loss_curve.png")
-    if config.decode.enabled and jax.process_index() == 0:
+    if job.workdir.metrics.is_file() and lead:
+        viz.plot_training_curves(job.workdir.metrics, job.workdir.loss_curve)
+    if config.final.enabled and lead:
         result["test"] = evaluate_translations(job)
     result["wall_seconds"] = time.perf_counter() - wall_start
-    if jax.process_index() == 0:
+    if lead:
         results_path.write_text(json.dumps(result, indent=1, default=str))
     return result
 

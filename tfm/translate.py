@@ -1,5 +1,9 @@
-"""Translate text with a trained model: tokenize, batch by length, beam search or greedy,
-detokenize, and return translations in input order."""
+"""Translate and score: text -> ids -> length-bucketed batches -> search -> text, and BLEU both
+ways. The one path that train.py's final evaluation, decode.py and the attention plot call.
+
+Decoding settings have one home, `TranslateConfig`, whose defaults are the paper's (section 6.1:
+beam 4, alpha 0.6, output up to the source length + 50).
+"""
 
 from __future__ import annotations
 
@@ -9,44 +13,51 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tfm import decoding
+from tfm import decoding, metrics
 from tfm.model import Transformer
-from tfm.tokens import EOS_ID
+from tfm.tokens import BOS_ID, EOS_ID, PAD_ID
 
 
 @dataclasses.dataclass(frozen=True)
 class TranslateConfig:
-    """Decoding settings (section 6.1 defaults: beam 4, alpha 0.6, source length + 50)."""
+    """Decoding settings.
 
-    beam_size: int = 4
-    alpha: float = 0.6
-    extra_length: int = 50
+    beam_size: 1 = greedy search, otherwise beam search with `alpha` (section 6.1).
+    alpha: exponent of the GNMT length penalty.
+    extra_length: each sentence generates at most its source length + this many tokens.
+    batch_tokens: padded source tokens x beams per decoding batch.
+    max_source_len: longest source in tokens, EOS included; longer lines are `overlong`.
+    overlong: "truncate" (with a warning) or "error".
+    length_buckets: padded source lengths; each is one compiled program.
+    """
+
+    beam_size: int = decoding.PAPER_BEAM_SIZE
+    alpha: float = decoding.PAPER_ALPHA
+    extra_length: int = decoding.PAPER_EXTRA_LENGTH
     batch_tokens: int = 4096
     max_source_len: int = 256
-    overlong: str = "truncate"  # or "error"
+    overlong: str = "truncate"
     length_buckets: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
 
     def __post_init__(self) -> None:
         if self.overlong not in ("truncate", "error"):
             raise ValueError(f"overlong must be 'truncate' or 'error', got {self.overlong!r}")
-        if self.beam_size < 1:
-            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        for name in ("beam_size", "batch_tokens", "max_source_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.extra_length, bool) or not isinstance(self.extra_length, int):
+            raise ValueError(f"extra_length must be an integer, got {self.extra_length!r}")
+        if self.extra_length < 0:
+            raise ValueError(f"extra_length must be >= 0, got {self.extra_length}")
 
 
 class OverlongInputError(ValueError):
     """An input line longer than the model's maximum source length."""
 
 
-def translate(
-    model: Transformer,
-    params,
-    tokenizer,
-    texts: Sequence[str],
-    config: TranslateConfig = TranslateConfig(),
-    progress: Callable[[int], None] | None = None,
-) -> list[str]:
-    """Translations of `texts` in order. Empty lines translate to empty lines. Sentences are
-    grouped by token length into a few padded shapes so the decoder compiles a few programs."""
+def encode_sources(tokenizer, texts: Sequence[str], config: TranslateConfig) -> list[list[int]]:
+    """Ids of each text without EOS ([] for a blank line), over-long ones truncated or refused."""
     encoded = []
     for number, text in enumerate(texts, start=1):
         ids = tokenizer.encode(text) if text.strip() else []
@@ -58,39 +69,146 @@ def translate(
                 )
             warnings.warn(
                 f"input line {number}: {len(ids) + 1} tokens truncated to {config.max_source_len}",
-                stacklevel=2,
+                stacklevel=3,
             )
             ids = ids[: config.max_source_len - 1]
         encoded.append(ids)
-    outputs = [""] * len(texts)
+    return encoded
+
+
+def search(model: Transformer, params, src: np.ndarray, config: TranslateConfig):
+    """Greedy (beam_size 1) or beam search over `[batch, src_len]` source ids."""
+    if config.beam_size == 1:
+        return decoding.greedy_search(model, params, src, extra_length=config.extra_length)
+    return decoding.beam_search(
+        model,
+        params,
+        src,
+        beam_size=config.beam_size,
+        alpha=config.alpha,
+        extra_length=config.extra_length,
+    )
+
+
+def _buckets(config: TranslateConfig) -> list[int]:
     buckets = sorted(b for b in config.length_buckets if b <= config.max_source_len)
     if not buckets or buckets[-1] < config.max_source_len:
         buckets.append(config.max_source_len)
+    return buckets
+
+
+def translate_ids(
+    model: Transformer,
+    params,
+    encoded: Sequence[Sequence[int]],
+    config: TranslateConfig,
+    progress: Callable[[int], None] | None = None,
+) -> list[np.ndarray | None]:
+    """Output ids of each source (None for an empty one), in input order. Sources are grouped by
+    length into a few padded shapes so the decoder compiles a few programs."""
+    outputs: list[np.ndarray | None] = [None] * len(encoded)
+    buckets = _buckets(config)
     order = sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
     start = 0
     while start < len(order):
         length = next(b for b in buckets if b >= len(encoded[order[start]]) + 1)
-        rows = max(1, config.batch_tokens // length // max(config.beam_size, 1))
+        rows = max(1, config.batch_tokens // length // config.beam_size)
         chunk = [i for i in order[start : start + rows] if len(encoded[i]) + 1 <= length]
         batch = np.zeros((rows, length), np.int32)
         for r, i in enumerate(chunk):
             batch[r, : len(encoded[i])] = encoded[i]
             batch[r, len(encoded[i])] = EOS_ID
-        if config.beam_size == 1:
-            result = decoding.greedy_search(model, params, batch, extra_length=config.extra_length)
-        else:
-            result = decoding.beam_search(
-                model,
-                params,
-                batch,
-                beam_size=config.beam_size,
-                alpha=config.alpha,
-                extra_length=config.extra_length,
-            )
-        ids = np.asarray(result.ids)
+        ids = np.asarray(search(model, params, batch, config).ids)
         for r, i in enumerate(chunk):
-            outputs[i] = tokenizer.decode(ids[r])
+            outputs[i] = ids[r]
         start += len(chunk)
         if progress is not None:
             progress(len(chunk))
     return outputs
+
+
+def translate(
+    model: Transformer,
+    params,
+    tokenizer,
+    texts: Sequence[str],
+    config: TranslateConfig = TranslateConfig(),
+    progress: Callable[[int], None] | None = None,
+) -> list[str]:
+    """Translations of `texts` in order. Empty lines translate to empty lines."""
+    encoded = encode_sources(tokenizer, texts, config)
+    outputs = translate_ids(model, params, encoded, config, progress)
+    return ["" if ids is None else tokenizer.decode(ids) for ids in outputs]
+
+
+def score(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    target_language: str | None,
+    sources: Sequence[str] | None = None,
+) -> dict:
+    """BLEU both ways (section 6.1): sacreBLEU on detokenized text, and tokenized BLEU with
+    hyphenated compounds split when the target is German; with `sources`, also the sacreBLEU of
+    copying the source unchanged (the floor a model must clear)."""
+    compound = target_language == "de"
+    scores = dict(
+        sacrebleu=metrics.sacre_bleu(hypotheses, references),
+        tokenized_bleu=metrics.tokenized_bleu(hypotheses, references, compound_split=compound),
+    )
+    if sources is not None:
+        scores["copy_source_sacrebleu"] = metrics.sacre_bleu(sources, references)
+    return scores
+
+
+@dataclasses.dataclass
+class AttendedTranslation:
+    """One sentence's translation and what the model attended to while producing it.
+
+    maps: "encoder self-attention", "decoder self-attention", "cross-attention" -> one
+    `[heads, queries, keys]` array per layer, teacher-forced on the chosen translation.
+    """
+
+    translation: str
+    source_pieces: list[str]
+    target_pieces: list[str]
+    maps: dict[str, list[np.ndarray]]
+
+
+def attention_maps(
+    model: Transformer, params, src: np.ndarray, tgt_in: np.ndarray
+) -> dict[str, list[np.ndarray]]:
+    """Every layer's attention weights `[heads, q, k]` for one sentence pair (teacher forced),
+    read from the reference implementation's `intermediates`."""
+    reference = model.clone(config=model.config.replace(attention="reference"))
+    _, state = reference.apply({"params": params}, src, tgt_in, mutable=["intermediates"])
+    layers = state["intermediates"]
+    n = model.config.num_layers
+
+    def weights(stack: str, kind: str) -> list[np.ndarray]:
+        return [
+            np.asarray(layers[f"{stack}_{i}"][kind]["attention_weights"][0][0]) for i in range(n)
+        ]
+
+    return {
+        "encoder self-attention": weights("encoder", "self_attention"),
+        "decoder self-attention": weights("decoder", "self_attention"),
+        "cross-attention": weights("decoder", "cross_attention"),
+    }
+
+
+def translate_with_attention(
+    model: Transformer, params, tokenizer, sentence: str, config: TranslateConfig
+) -> AttendedTranslation:
+    """Translate one sentence as `translate` does, then read its attention weights."""
+    (ids,) = encode_sources(tokenizer, [sentence], config)
+    (out,) = translate_ids(model, params, [ids], config) if ids else (None,)
+    out = [] if out is None else [int(t) for t in out if t != PAD_ID]
+    out = out[: out.index(EOS_ID) + 1] if EOS_ID in out else out
+    src = np.array([ids + [EOS_ID]], np.int32)
+    tgt_in = np.array([[BOS_ID] + out[:-1]], np.int32)
+    return AttendedTranslation(
+        translation=tokenizer.decode(out),
+        source_pieces=tokenizer.pieces(ids + [EOS_ID]),
+        target_pieces=["<s>"] + tokenizer.pieces(out[:-1]),
+        maps=attention_maps(model, params, src, tgt_in),
+    )

@@ -37,7 +37,7 @@ def _config(w: Workload, dropout: float) -> ModelConfig:
         d_v=s.head_dim,
         dropout_rate=dropout,
         layer_norm_epsilon=LAYER_NORM_EPSILON,
-        max_len=256,
+        max_positions=256,
     )
 
 

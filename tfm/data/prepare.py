@@ -12,7 +12,8 @@ import dataclasses
 import json
 import pathlib
 
-from tfm.data import pipeline, sources, tokenizer
+from tfm.data import batching, sources, tokenizer
+from tfm.data.corpus import Corpus, CorpusError
 
 
 @dataclasses.dataclass
@@ -20,15 +21,15 @@ class PreparedData:
     """A corpus ready for batching: the spec, raw pairs, vocabulary and ids of each split."""
 
     spec: sources.SourceSpec
-    corpus: sources.Corpus
+    corpus: Corpus
     tokenizer: tokenizer.Tokenizer
-    ids: dict[str, pipeline.TokenizedSplit]
+    ids: dict[str, tokenizer.TokenizedSplit]
 
-    def summary(self, config: pipeline.PipelineConfig | None = None) -> dict:
+    def summary(self, config: batching.BatchConfig | None = None) -> dict:
         """Pairs per split, filtered counts by reason (reading, and the length rule if a
-        pipeline config is given)."""
+        batch config is given)."""
         report = dict(
-            dataset=f"{self.spec.kind}:{self.spec.argument}",
+            dataset=self.spec.name,
             direction=f"{self.spec.source_language}->{self.spec.target_language}",
             vocabulary=str(self.tokenizer.path),
             vocab_size=self.tokenizer.vocab_size,
@@ -36,9 +37,9 @@ class PreparedData:
             filtered_while_reading=dict(self.corpus.filtered),
         )
         if config is not None:
-            report["length_rule"] = dict(max_len=config.max_len, overlong=config.overlong)
+            report["length_rule"] = dict(max_seq_len=config.max_seq_len, overlong=config.overlong)
             report["filtered_by_length"] = {
-                split: dict(pipeline.select_examples(ids, config).filtered)
+                split: dict(batching.select_examples(ids, config).filtered)
                 for split, ids in self.ids.items()
             }
         return report
@@ -53,11 +54,11 @@ def prepare(
     data_dir = pathlib.Path(data_dir)
     corpus = sources.load_corpus(spec, data_dir, **reader_options)
     if not corpus.splits["train"]:
-        raise ValueError(f"{spec.kind}:{spec.argument}: the training split is empty")
+        raise ValueError(f"{spec.name}: the training split is empty")
     vocab = tokenizer.load_or_train(corpus.splits["train"], spec.slug, vocab_size, data_dir)
     key = vocab.path.stem
     ids = {
-        split: pipeline.tokenize_split(pairs, vocab, data_dir / "ids" / f"{key}-{split}.npz")
+        split: tokenizer.tokenize_split(pairs, vocab, data_dir / "ids" / f"{key}-{split}.npz")
         for split, pairs in corpus.splits.items()
     }
     return PreparedData(spec, corpus, vocab, ids)
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("spec", help="tfds:NAME, gettext:en-de, text:SRC,TGT or tsv:FILE")
     parser.add_argument("--data_dir", required=True)
     parser.add_argument("--vocab_size", type=int, default=8000)
-    parser.add_argument("--max_len", type=int, default=128)
+    parser.add_argument("--max_seq_len", type=int, default=128)
     parser.add_argument("--overlong", choices=("drop", "truncate"), default="drop")
     parser.add_argument("--source_language")
     parser.add_argument("--target_language")
@@ -78,31 +79,19 @@ def main(argv: list[str] | None = None) -> None:
     options = {} if spec.kind in ("tfds", "gettext") else dict(encoding_errors=args.encoding_errors)
     try:
         data = prepare(spec, args.data_dir, args.vocab_size, **options)
-    except sources.CorpusError:
+    except CorpusError:
         if spec.kind != "tfds":
             raise
-        _prepare_tfds(spec, args.data_dir)  # first use of this TFDS dataset: build it, then retry
+        from tfm.data import tfds_sources
+
+        tfds_sources.prepare_dataset(spec.argument, args.data_dir)  # first use: build, then retry
         data = prepare(spec, args.data_dir, args.vocab_size, **options)
-    config = pipeline.PipelineConfig(
-        max_len=args.max_len, overlong=args.overlong, batch_tokens=max(4096, args.max_len)
+    config = batching.BatchConfig(
+        max_seq_len=args.max_seq_len,
+        overlong=args.overlong,
+        batch_tokens=max(4096, args.max_seq_len),
     )
     print(json.dumps(data.summary(config), indent=1))
-
-
-def _prepare_tfds(spec: sources.SourceSpec, data_dir: str) -> None:
-    """Download and convert a TFDS dataset to array_record (needs TensorFlow: the [wmt] extra)."""
-    import tensorflow_datasets as tfds
-
-    from tfm.data import tfds_sources
-
-    tfds_sources.register_translation_datasets()
-    builder = tfds.builder(spec.argument, data_dir=data_dir, file_format="array_record")
-    try:
-        builder.download_and_prepare()
-    except ImportError as error:
-        raise SystemExit(
-            f"preparing {spec.argument} needs TensorFlow: pip install -e '.[wmt]' ({error})"
-        ) from error
 
 
 if __name__ == "__main__":

@@ -1,16 +1,23 @@
-"""TFDS: the gettext catalogs as a TFDS dataset, and reading any TFDS translation dataset.
+"""Everything TFDS: the gettext catalogs as a TFDS dataset, reading any TFDS translation dataset
+into a `Corpus`, and preparing (downloading and converting) one.
 
-Both are served from the array_record format through `data_source`, so nothing here needs
-TensorFlow. (Preparing WMT from its raw downloads does need it: `pip install -e '.[wmt]'`.)
+Reading goes through `data_source` on the array_record format, so it needs no TensorFlow.
+Preparing WMT from its raw downloads does: `pip install -e '.[wmt]'`.
 """
 
 from __future__ import annotations
 
+import collections
 import pathlib
 
 import tensorflow_datasets as tfds
 
-from tfm.data import gettext_catalogs, sources
+from tfm.data import gettext_catalogs
+from tfm.data.corpus import SPLITS, Corpus, CorpusError, split_pairs
+
+# key of the gettext dataset's metadata that records what reading the catalogs filtered, so the
+# counts are stored with the prepared data instead of being recomputed from the catalogs
+FILTERED_KEY = "filtered_while_reading"
 
 
 class GettextTranslations(tfds.core.GeneratorBasedBuilder):
@@ -18,7 +25,8 @@ class GettextTranslations(tfds.core.GeneratorBasedBuilder):
 
     Duplicated English texts are removed (first catalog in name order wins), plural forms,
     message contexts and multi-line messages handled as in `tfm.data.gettext_catalogs`, and the
-    splits made by a hash of the English text (2% validation, 2% test).
+    splits made by a hash of the English text (2% validation, 2% test). What was filtered, by
+    reason, is stored in the dataset's metadata.
     """
 
     VERSION = tfds.core.Version("1.0.0")
@@ -45,11 +53,14 @@ class GettextTranslations(tfds.core.GeneratorBasedBuilder):
                 {"en": tfds.features.Text(), self.target_language: tfds.features.Text()}
             ),
             supervised_keys=("en", self.target_language),
+            metadata=tfds.core.MetadataDict(),
         )
 
     def _split_generators(self, dl_manager):
         del dl_manager  # everything is on the machine already
-        corpus = sources.read_gettext(self.target_language, self._locale_dir)
+        catalogs = gettext_catalogs.read_catalogs(self.target_language, self._locale_dir)
+        corpus = split_pairs(catalogs.pairs, catalogs.filtered)
+        self.info.metadata[FILTERED_KEY] = dict(corpus.filtered)
         return {split: self._generate_examples(pairs) for split, pairs in corpus.splits.items()}
 
     def _generate_examples(self, pairs):
@@ -71,14 +82,7 @@ def gettext_builder(
     )
 
 
-def register_translation_datasets() -> None:
-    """Import TFDS's translation builders (wmt14_translate, ...) so their names resolve."""
-    import tensorflow_datasets.translate  # noqa: F401  (registers the builders)
-
-
-def read_data_source(
-    data_source, source_language: str, target_language: str
-) -> list[tuple[str, str]]:
+def read_records(data_source, source_language: str, target_language: str) -> list[tuple[str, str]]:
     """(source, target) strings from one split of a TFDS data source of `{lang: text}` records."""
     pairs = []
     for record in data_source:
@@ -90,3 +94,64 @@ def read_data_source(
             )
         )
     return pairs
+
+
+def read_gettext(
+    target_language: str,
+    data_dir: str | pathlib.Path,
+    locale_dir: str | pathlib.Path = gettext_catalogs.DEFAULT_LOCALE_DIR,
+) -> Corpus:
+    """The catalogs' pairs through their TFDS dataset, built under data_dir on first use."""
+    builder = gettext_builder(target_language, data_dir, locale_dir)
+    builder.download_and_prepare()
+    data_sources = builder.as_data_source()
+    missing = [split for split in SPLITS if split not in data_sources]
+    if missing:
+        raise CorpusError(
+            f"gettext:en-{target_language} under {data_dir} has no {missing} split; delete "
+            f"{builder.data_dir} and run again to rebuild it"
+        )
+    splits = {split: read_records(data_sources[split], "en", target_language) for split in SPLITS}
+    filtered = collections.Counter(builder.info.metadata.get(FILTERED_KEY, {}))
+    return Corpus(splits, filtered)
+
+
+def _register_translation_datasets() -> None:
+    """Import TFDS's translation builders (wmt14_translate, ...) so their names resolve."""
+    import tensorflow_datasets.translate  # noqa: F401  (registers the builders)
+
+
+def read_dataset(
+    name: str,
+    source_language: str,
+    target_language: str,
+    data_dir: str | pathlib.Path | None = None,
+) -> Corpus:
+    """Every split of a prepared TFDS translation dataset such as `wmt14_translate/de-en`."""
+    _register_translation_datasets()
+
+    def read_split(split: str) -> list[tuple[str, str]]:
+        try:
+            source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+        except Exception as error:  # TFDS raises several types for "not prepared"
+            raise CorpusError(
+                f"TFDS dataset {name!r} (split {split!r}) is not prepared in array_record format "
+                f"under {data_dir or '~/tensorflow_datasets'} ({type(error).__name__}: "
+                f"{str(error)[:200]}). Prepare it once with: pip install -e '.[wmt]' && "
+                f"python -m tfm.data.prepare tfds:{name} --data_dir DIR"
+            ) from error
+        return read_records(source, source_language, target_language)
+
+    return Corpus({split: read_split(split) for split in SPLITS})
+
+
+def prepare_dataset(name: str, data_dir: str | pathlib.Path) -> None:
+    """Download and convert a TFDS dataset to array_record (needs TensorFlow: the [wmt] extra)."""
+    _register_translation_datasets()
+    builder = tfds.builder(name, data_dir=str(data_dir), file_format="array_record")
+    try:
+        builder.download_and_prepare()
+    except ImportError as error:
+        raise SystemExit(
+            f"preparing {name} needs TensorFlow: pip install -e '.[wmt]' ({error})"
+        ) from error

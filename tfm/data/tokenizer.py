@@ -1,5 +1,6 @@
-"""One SentencePiece BPE vocabulary shared by source and target (section 5.1), trained once on
-the training split and cached in the data dir under a key of corpus and settings.
+"""Text -> ids, once: one SentencePiece BPE vocabulary shared by source and target (section 5.1),
+trained once on the training split and cached in the data dir under a key of corpus and
+settings, and the id cache that holds every split's token ids (`TokenizedSplit`).
 
 Special ids (`tfm.tokens`): 0 pad, 1 BOS, 2 EOS, 3 unk. Normalisation is the identity and bytes
 fall back to byte pieces, so decode(encode(text)) == text for any text.
@@ -7,6 +8,7 @@ fall back to byte pieces, so decode(encode(text)) == text for any text.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -112,7 +114,7 @@ def train_tokenizer(
         minloglevel=2,
         **TRAINER_SETTINGS,
     )
-    partial = model_path.with_suffix(f".{os.getpid()}.partial")  # per process: see pipeline
+    partial = model_path.with_suffix(f".{os.getpid()}.partial")  # per process: see tokenize_split
     partial.write_bytes(buffer.getvalue())
     partial.replace(model_path)
     return Tokenizer(model_path)
@@ -134,3 +136,68 @@ def load_or_train(
         return Tokenizer(path)
     texts = (text for pair in train_pairs for text in pair)
     return train_tokenizer(texts, vocab_size, path)
+
+
+@dataclasses.dataclass
+class TokenizedSplit:
+    """Ids of one split, flat: pair i's source is src_ids[src_offsets[i]:src_offsets[i+1]]
+    (EOS not included)."""
+
+    src_ids: np.ndarray
+    src_offsets: np.ndarray
+    tgt_ids: np.ndarray
+    tgt_offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.src_offsets) - 1
+
+    def source(self, i: int) -> np.ndarray:
+        return self.src_ids[self.src_offsets[i] : self.src_offsets[i + 1]]
+
+    def target(self, i: int) -> np.ndarray:
+        return self.tgt_ids[self.tgt_offsets[i] : self.tgt_offsets[i + 1]]
+
+    @property
+    def src_lengths(self) -> np.ndarray:
+        return np.diff(self.src_offsets)
+
+    @property
+    def tgt_lengths(self) -> np.ndarray:
+        return np.diff(self.tgt_offsets)
+
+
+def _flatten(sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.zeros(len(sequences) + 1, np.int64)
+    offsets[1:] = np.cumsum([len(s) for s in sequences])
+    flat = np.fromiter((t for s in sequences for t in s), np.int32, count=int(offsets[-1]))
+    return flat, offsets
+
+
+def tokenize_split(
+    pairs: Sequence[tuple[str, str]], tokenizer, cache_path: str | pathlib.Path
+) -> TokenizedSplit:
+    """Ids of `pairs`, computed once and cached at `cache_path` (.npz) for later epochs and runs.
+
+    A cache that does not hold exactly len(pairs) pairs is rebuilt.
+    """
+    cache_path = pathlib.Path(cache_path)
+    if cache_path.is_file():
+        try:
+            with np.load(cache_path) as data:
+                split = TokenizedSplit(
+                    *(data[k] for k in ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets"))
+                )
+            if len(split) == len(pairs):
+                return split
+        except (OSError, ValueError, KeyError):
+            pass  # unreadable cache: rebuild it below
+    src_flat, src_offsets = _flatten(tokenizer.encode_batch([s for s, _ in pairs]))
+    tgt_flat, tgt_offsets = _flatten(tokenizer.encode_batch([t for _, t in pairs]))
+    split = TokenizedSplit(src_flat, src_offsets, tgt_flat, tgt_offsets)
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    # One temporary name per process: processes of a multi-host job build the same cache at
+    # once, and a shared name let one rename away the file another was still writing.
+    partial = cache_path.with_name(f"{cache_path.name}.{os.getpid()}.partial.npz")
+    np.savez(partial, **dataclasses.asdict(split))
+    partial.replace(cache_path)
+    return split

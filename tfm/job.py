@@ -1,0 +1,196 @@
+"""The training job's settings: a config file's ConfigDict (configs/common.py lists its keys)
+read once, here, into typed and validated values. Nothing after this module reads the
+ConfigDict; a key that is misspelled or holds a wrong value stops the job before any work,
+with a message that names the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any
+
+from tfm import parallel
+from tfm.config import ModelConfig
+from tfm.data.batching import BatchConfig
+from tfm.data.sources import SourceSpec, parse_spec
+from tfm.training import TrainConfig
+from tfm.translate import TranslateConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """How long to train and how often to log, evaluate and checkpoint (in steps)."""
+
+    num_train_steps: int
+    log_every_steps: int
+    eval_every_steps: int
+    checkpoint_every_steps: int
+    keep_checkpoints: int
+    eval_batches: int  # 0 = the whole validation split
+    seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FinalEvaluation:
+    """Translating and scoring the test split after training (section 6.1)."""
+
+    enabled: bool
+    average_last: int  # checkpoints averaged (1 = the last one)
+    num_samples: int  # sentences printed with source, reference and translation
+    translate: TranslateConfig  # max_source_len is set from the model when the job is built
+
+
+@dataclasses.dataclass(frozen=True)
+class JobConfig:
+    """Every value the training job uses, typed and validated."""
+
+    spec: SourceSpec
+    data_dir: pathlib.Path
+    vocab_size: int
+    batches: BatchConfig  # row_multiple is set from the devices when the job is built
+    grad_accum_steps: int
+    train: TrainConfig
+    model: dict[str, Any]  # ModelConfig fields but vocab_size, which the vocabulary decides
+    parallelism: str
+    model_parallel: int
+    loop: LoopConfig
+    final: FinalEvaluation
+
+    def model_config(self, vocab_size: int) -> ModelConfig:
+        return ModelConfig(vocab_size=vocab_size, **self.model)
+
+
+class _Reader:
+    """Reads keys of a ConfigDict once each, so that keys nobody read can be reported."""
+
+    def __init__(self, config, prefix: str = "config"):
+        self._config = config
+        self._prefix = prefix
+        self.read: set[str] = set()
+
+    def get(self, key: str):
+        self.read.add(key)
+        try:
+            return self._config[key]
+        except (KeyError, AttributeError):
+            raise ValueError(f"{self._prefix}.{key} is missing from the config") from None
+
+    def positive_int(self, key: str) -> int:
+        value = self.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{self._prefix}.{key} must be a positive integer, got {value!r}")
+        return value
+
+    def non_negative_int(self, key: str) -> int:
+        value = self.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{self._prefix}.{key} must be an integer >= 0, got {value!r}")
+        return value
+
+    def boolean(self, key: str) -> bool:
+        value = self.get(key)
+        if not isinstance(value, bool):
+            raise ValueError(f"{self._prefix}.{key} must be True or False, got {value!r}")
+        return value
+
+    def unread(self) -> list[str]:
+        return sorted(f"{self._prefix}.{k}" for k in self._config.keys() if k not in self.read)
+
+
+def _valid(build, prefix: str):
+    """Run a constructor whose ValueError names a field; prefix it with the config's key."""
+    try:
+        return build()
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{prefix}: {error}") from None
+
+
+def job_config_from(config) -> JobConfig:
+    """Read and validate a ConfigDict; ValueError names the first bad key."""
+    top = _Reader(config)
+    decode = _Reader(top.get("decode"), "config.decode")
+    model_dict = dict(top.get("model").to_dict())
+    if "vocab_size" in model_dict:
+        raise ValueError(
+            "config.model.vocab_size: the vocabulary decides it; set config.vocab_size"
+        )
+    vocab_size = top.positive_int("vocab_size")
+    model = _valid(lambda: ModelConfig(vocab_size=vocab_size, **model_dict), "config.model")
+    batches = _valid(
+        lambda: BatchConfig(
+            batch_tokens=top.positive_int("batch_tokens"),
+            max_seq_len=top.positive_int("max_seq_len"),
+            overlong=top.get("overlong"),
+            pack=top.boolean("pack"),
+            seed=top.non_negative_int("seed"),
+        ),
+        "config",
+    )
+    clip = top.get("grad_clip_norm")
+    train = _valid(
+        lambda: TrainConfig(
+            label_smoothing=top.get("label_smoothing"),
+            warmup_steps=top.positive_int("warmup_steps"),
+            learning_rate_scale=top.get("learning_rate_scale"),
+            grad_clip_norm=clip or None,
+        ),
+        "config",
+    )
+    parallelism = top.get("parallelism")
+    if parallelism not in parallel.STRATEGIES:
+        raise ValueError(
+            f"config.parallelism must be one of {parallel.STRATEGIES}, got {parallelism!r}"
+        )
+    loop = LoopConfig(
+        num_train_steps=top.positive_int("num_train_steps"),
+        log_every_steps=top.positive_int("log_every_steps"),
+        eval_every_steps=top.positive_int("eval_every_steps"),
+        checkpoint_every_steps=top.positive_int("checkpoint_every_steps"),
+        keep_checkpoints=top.positive_int("keep_checkpoints"),
+        eval_batches=top.non_negative_int("eval_batches"),
+        seed=batches.seed,
+    )
+    translate = _valid(
+        lambda: TranslateConfig(
+            beam_size=decode.positive_int("beam_size"),
+            alpha=decode.get("alpha"),
+            extra_length=decode.non_negative_int("extra_length"),
+            batch_tokens=decode.positive_int("batch_tokens"),
+        ),
+        "config.decode",
+    )
+    final = FinalEvaluation(
+        enabled=decode.boolean("enabled"),
+        average_last=decode.positive_int("average_last"),
+        num_samples=decode.non_negative_int("num_samples"),
+        translate=translate,
+    )
+    if loop.keep_checkpoints < final.average_last:
+        raise ValueError(
+            f"config.keep_checkpoints ({loop.keep_checkpoints}) must be at least "
+            f"config.decode.average_last ({final.average_last})"
+        )
+    spec = _valid(
+        lambda: parse_spec(
+            top.get("dataset"), top.get("source_language"), top.get("target_language")
+        ),
+        "config.dataset",
+    )
+    job = JobConfig(
+        spec=spec,
+        data_dir=pathlib.Path(top.get("data_dir")),
+        vocab_size=vocab_size,
+        batches=batches,
+        grad_accum_steps=top.positive_int("grad_accum_steps"),
+        train=train,
+        model={k: v for k, v in dataclasses.asdict(model).items() if k != "vocab_size"},
+        parallelism=parallelism,
+        model_parallel=top.positive_int("model_parallel"),
+        loop=loop,
+        final=final,
+    )
+    unread = top.unread() + decode.unread()
+    if unread:
+        raise ValueError(f"{unread[0]} is not a key tfm knows; see configs/common.py")
+    return job
