@@ -1,6 +1,6 @@
 """Decoding throughput: cached greedy, cached beam 4 and the uncached greedy baseline.
 
-Prints one JSON object. SMALL shapes (issue 5): d_model 256, 4 heads, 2+2 layers, d_ff 1024,
+Prints one JSON object. SMALL shapes: d_model 256, 4 heads, 2+2 layers, d_ff 1024,
 vocab 8000; batch 16, source length 32, exactly 64 new tokens (EOS disabled). Also measures the
 early exit: the same greedy program when every sentence's limit is reached after 40 of 64 steps.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 7, as one script for a machine with one H200 (under 10 minutes):
+# The GPU checks of the performance work, as one script for a machine with one H200 (under 10 minutes):
 # BASE and BIG training steps on ~25,000-target-token batches in bfloat16 (MFU against the
 # H200's 790 TFLOP/s dense bf16), then greedy and beam-4 decoding of BASE at batch 128.
 # Needs the [gpu] extra: pip install -e '.[gpu]'. Prints JSON objects; writes them to $OUT too.

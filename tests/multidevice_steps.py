@@ -11,8 +11,9 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + (
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from conftest import tiny_model_config  # noqa: E402  (run as a script from tests/)
 
-from tfm import ModelConfig, Transformer, parallel, training  # noqa: E402
+from tfm import Transformer, parallel, training  # noqa: E402
 
 
 def batch(rows=16, length=8, vocab=64, seed=0):
@@ -27,16 +28,7 @@ def main():
     assert jax.device_count() == 8, jax.devices()
     results = {}
     for dropout in (0.0, 0.1):
-        config = ModelConfig(
-            vocab_size=64,
-            num_layers=2,
-            d_model=32,
-            d_ff=64,
-            num_heads=4,
-            d_k=8,
-            d_v=8,
-            dropout_rate=dropout,
-        )
+        config = tiny_model_config(64, dropout_rate=dropout)
         model = Transformer(config)
         optimizer = training.make_optimizer(training.TrainConfig(warmup_steps=10), 32)
         example = batch()

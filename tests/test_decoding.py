@@ -5,29 +5,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tfm import ModelConfig, Transformer, decoding
+from tests.conftest import tiny_model_config
+from tfm import Transformer, decoding
 from tfm.tokens import BOS_ID, PAD_ID
 
 SRC = np.array([[5, 6, 7, 8, 0, 0], [9, 10, 0, 0, 0, 0], [11, 12, 13, 14, 15, 16]])
 
 
 def _model(seed=0, vocab_size=40, **changes):
-    config = ModelConfig(
-        **{
-            **dict(
-                vocab_size=vocab_size,
-                num_layers=2,
-                d_model=32,
-                d_ff=64,
-                num_heads=4,
-                d_k=8,
-                d_v=8,
-                dropout_rate=0.0,
-                max_positions=64,
-            ),
-            **changes,
-        }
-    )
+    config = tiny_model_config(vocab_size, **{"max_positions": 64, **changes})
     model = Transformer(config)
     params = model.init(jax.random.key(seed), SRC, SRC)["params"]
     return model, params

@@ -2,7 +2,8 @@ import jax
 import numpy as np
 import pytest
 
-from tfm import ModelConfig, Transformer
+from tests.conftest import tiny_model_config
+from tfm import Transformer
 from tfm.data import batching, pipeline, tokenizer
 from tfm.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -229,18 +230,7 @@ def test_packed_batch_from_the_pipeline_keeps_pairs_apart(trained):
     rows = pipe.plan(0)[0]
     batch = pipe.local_batch(rows)
     row = next(r for r, members in enumerate(rows) if len(members) >= 2)
-    model = Transformer(
-        ModelConfig(
-            vocab_size=tok.vocab_size,
-            num_layers=1,
-            d_model=16,
-            d_ff=32,
-            num_heads=2,
-            d_k=8,
-            d_v=8,
-            dropout_rate=0.0,
-        )
-    )
+    model = Transformer(tiny_model_config(tok.vocab_size, num_layers=1))
     params = model.init(jax.random.key(0), batch["src"][:1], batch["tgt_in"][:1])
     packed = model.apply(
         params, **{k: v[row : row + 1] for k, v in batch.items() if k != "tgt_out"}

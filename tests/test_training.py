@@ -6,7 +6,8 @@ import numpy as np
 import optax
 import pytest
 
-from tfm import ModelConfig, Transformer, training
+from tests.conftest import tiny_model_config
+from tfm import Transformer, training
 from tfm.tokens import BOS_ID, EOS_ID
 
 
@@ -77,21 +78,7 @@ def _copy_task_batch(rng, rows=16, length=7, vocab=16):
 
 
 def _setup(dropout=0.0, scale=0.2, **model_changes):
-    config = ModelConfig(
-        **{
-            **dict(
-                vocab_size=16,
-                num_layers=2,
-                d_model=32,
-                d_ff=64,
-                num_heads=4,
-                d_k=8,
-                d_v=8,
-                dropout_rate=dropout,
-            ),
-            **model_changes,
-        }
-    )
+    config = tiny_model_config(16, **{"dropout_rate": dropout, **model_changes})
     model = Transformer(config)
     optimizer = training.make_optimizer(
         training.TrainConfig(warmup_steps=30, learning_rate_scale=scale), config.d_model

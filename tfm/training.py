@@ -1,7 +1,8 @@
-"""The training recipe of section 5: label-smoothed cross-entropy, the Eq. 3 learning-rate
-schedule, Adam(0.9, 0.98, 1e-9), and pure `train_step` / `eval_step` functions.
+"""The training recipe of section 5 as pure functions: label-smoothed cross-entropy, the Eq. 3
+learning-rate schedule, Adam(0.9, 0.98, 1e-9), `train_step` / `eval_step`. (`tfm.steps` compiles
+them; `tfm.trainer` is the job that runs them; `train.py` its command line.)
 
-A batch is a dict of int32 arrays (see `tfm.data.pipeline`): src, tgt_in, tgt_out [rows, L] and,
+A batch is a dict of int32 arrays (see `tfm.data.batching`): src, tgt_in, tgt_out [rows, L] and,
 for packed rows, src_segments, tgt_segments, src_positions, tgt_positions. With gradient
 accumulation every array has a leading micro-batch axis [micro, rows, L]; the k micro-batches'
 summed gradients are divided by the total token count, so they equal one big batch exactly.

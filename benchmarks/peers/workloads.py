@@ -1,6 +1,6 @@
 """The workloads every system runs, and the inputs they share.
 
-Shapes (issue 7): SMALL = d_model 256, 4 heads, 2+2 layers, d_ff 1024, vocab 8000; BASE = the
+Shapes: SMALL = d_model 256, 4 heads, 2+2 layers, d_ff 1024, vocab 8000; BASE = the
 paper's base model with a 32000-token vocabulary. Training: dropout 0.1 on sub-layer outputs and
 embedding sums, label smoothing 0.1 (eps/vocab on every token, the reference token gets 1 - eps
 more), Adam(0.9, 0.98, 1e-9) with the Eq. 3 schedule (warmup 4000), full-length rows with the

@@ -1,0 +1,123 @@
+"""The searches of `tfm.search` with a hand-made model: a 5-token second-order Markov chain
+whose step function reads the token before last from its cache, so a search that reorders the
+cache wrongly scores the wrong hypotheses. Checked against exhaustive enumeration in NumPy."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from tfm import search
+from tfm.tokens import BOS_ID, EOS_ID, PAD_ID
+
+A, B = 3, 4  # the two content tokens; 0 PAD, 1 BOS, 2 EOS complete the 5-token vocabulary
+# P(next | token before last, last token) over (EOS, A, B); BOS stands in before the start
+TABLE = {
+    (BOS_ID, BOS_ID): (0.05, 0.55, 0.40),
+    (BOS_ID, A): (0.30, 0.35, 0.35),
+    (BOS_ID, B): (0.10, 0.15, 0.75),
+    (A, A): (0.40, 0.30, 0.30),
+    (A, B): (0.50, 0.25, 0.25),
+    (B, A): (0.20, 0.20, 0.60),
+    (B, B): (0.85, 0.05, 0.10),
+}
+ALPHA = 0.6
+
+
+def _log_prob_table() -> np.ndarray:
+    """`[5, 5, 5]` log P(next | before last, last); impossible tokens get -1e9."""
+    table = np.full((5, 5, 5), -1e9, np.float32)
+    for (before, last), probs in TABLE.items():
+        table[before, last, [EOS_ID, A, B]] = np.log(probs)
+    return table
+
+
+@struct.dataclass
+class HistoryCache:
+    """Every token fed so far, per row: `[rows, max_steps]`."""
+
+    history: jax.Array
+
+    def reorder_beams(self, rows: jax.Array) -> "HistoryCache":
+        return HistoryCache(self.history[rows])
+
+
+@struct.dataclass
+class ForgetfulCache(HistoryCache):
+    """A cache that ignores beam search's reorder: its rows keep other hypotheses' history."""
+
+    def reorder_beams(self, rows: jax.Array) -> "ForgetfulCache":
+        return self
+
+
+def _step_fn(cache, tokens, position):
+    table = jnp.asarray(_log_prob_table())
+    before = jnp.where(position > 0, cache.history[:, jnp.maximum(position - 1, 0)], BOS_ID)
+    logits = table[before, tokens]
+    return logits, cache.replace(history=cache.history.at[:, position].set(tokens))
+
+
+def _exhaustive_best(max_length: int) -> tuple[list[int], float]:
+    """The hypothesis with the highest log P / lp(|Y|): any content sequence followed by EOS
+    within max_length tokens, or max_length content tokens (finished at the limit)."""
+    log_probs = _log_prob_table()
+    best, best_score = None, -np.inf
+    for length in range(0, max_length + 1):
+        for content in itertools.product((A, B), repeat=length):
+            tokens = list(content) + ([EOS_ID] if length < max_length else [])
+            before, last, total = BOS_ID, BOS_ID, 0.0
+            for token in tokens:
+                total += float(log_probs[before, last, token])
+                before, last = last, token
+            score = total / ((5.0 + len(tokens)) / 6.0) ** ALPHA
+            if score > best_score:
+                best, best_score = tokens, score
+    return best, best_score
+
+
+def _run_beams(cache_cls, max_lengths, beam_size=4, max_steps=8):
+    rows = len(max_lengths) * beam_size
+    cache = cache_cls(jnp.zeros((rows, max_steps), jnp.int32))
+    return search.search_beams(
+        _step_fn,
+        cache,
+        jnp.asarray(max_lengths),
+        max_steps,
+        beam_size=beam_size,
+        alpha=ALPHA,
+        eos_id=EOS_ID,
+    )
+
+
+def _tokens(ids, length) -> list[int]:
+    return [int(t) for t in np.asarray(ids)[: int(length)]]
+
+
+def test_beam_search_finds_the_exhaustive_optimum_of_a_toy_step_function():
+    max_lengths = [6, 2]  # the second finishes at its limit, without EOS
+    result = _run_beams(HistoryCache, max_lengths)
+    for row, limit in enumerate(max_lengths):
+        best, best_score = _exhaustive_best(limit)
+        assert _tokens(result.ids[row], result.lengths[row]) == best
+        np.testing.assert_allclose(float(result.scores[row]), best_score, rtol=1e-5)
+        assert all(t == PAD_ID for t in np.asarray(result.ids[row])[len(best) :])
+
+
+def test_greedy_misses_the_optimum_that_beam_search_finds():
+    """The table is a garden path: the likelier first token leads nowhere good."""
+    best, _ = _exhaustive_best(6)
+    cache = HistoryCache(jnp.zeros((1, 8), jnp.int32))
+    greedy = search.search_one_token_per_step(
+        _step_fn, cache, jnp.array([6]), 8, lambda logits, i: jnp.argmax(logits, -1)
+    )
+    assert _tokens(greedy.ids[0], greedy.lengths[0]) != best
+    assert _tokens(greedy.ids[0], greedy.lengths[0])[0] == A and best[0] == B
+
+
+def test_a_cache_that_ignores_the_reorder_scores_the_wrong_hypotheses():
+    best, best_score = _exhaustive_best(6)
+    result = _run_beams(ForgetfulCache, [6])
+    found = _tokens(result.ids[0], result.lengths[0])
+    assert found != best or not np.isclose(float(result.scores[0]), best_score, rtol=1e-5)
