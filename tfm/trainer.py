@@ -174,16 +174,18 @@ def train(job: Job, profile: bool = False) -> dict:
                 if profile and step == start + 5:
                     jax.block_until_ready(state)
                     jax.profiler.stop_trace()
+                # read once: a signal arriving later in this step is handled at the next one
+                stopping = stop.received
                 evaluate_now = due(step, loop.eval_every_steps, total)
-                save_now = due(step, loop.checkpoint_every_steps, total) or stop.received
+                save_now = due(step, loop.checkpoint_every_steps, total) or stopping is not None
                 if due(step, loop.log_every_steps, total) or evaluate_now or save_now:
                     log.flush(learning_rate(step))  # raises before a diverged state is used
                 if evaluate_now:
                     log.evaluation(step, validation_loss(job, state))
                 if save_now:
                     save(step)
-                if stop.received:
-                    stop_reason = signal.Signals(stop.received).name
+                if stopping is not None:
+                    stop_reason = signal.Signals(stopping).name
                     break
     finally:
         log.close()
