@@ -5,14 +5,17 @@ translate files or stdin, score BLEU, and draw attention maps.
                      [--step N | --average N] [--beam_size 4] [--alpha 0.6]
     python decode.py --workdir DIR --plot_attention OUT.png "A sentence to translate."
 
-Input is one sentence per line (stdin by default); translations are written in input order.
+Input is one sentence per line, split on LF only (stdin by default); translations are written
+in input order as they are done, to an output opened before any work.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import math
 import pathlib
 import sys
 
@@ -61,15 +64,88 @@ def _parser() -> argparse.ArgumentParser:
         metavar="OUT.png",
         help="draw attention heatmaps for SENTENCE into OUT.png",
     )
+    parser.add_argument(
+        "--encoding_errors",
+        choices=("strict", "replace"),
+        default="strict",
+        help="invalid UTF-8 in the input: stop naming the line, or replace it and count",
+    )
     parser.add_argument("sentence", nargs="?", help="the sentence for --plot_attention")
     return parser
 
 
+def read_lines(data: bytes, where: str, encoding_errors: str) -> tuple[list[str], int]:
+    """One sentence per line, split on LF only (a CR inside a line belongs to it; a CR before the
+    LF ends a CRLF line). Invalid UTF-8 raises ValueError naming the line, or with
+    `encoding_errors="replace"` becomes U+FFFD; returns the lines and how many were replaced."""
+    raw_lines = data.split(b"\n")
+    if raw_lines and raw_lines[-1] == b"":
+        raw_lines.pop()  # the newline that ends the last line
+    lines, replaced = [], 0
+    for number, raw in enumerate(raw_lines, start=1):
+        raw = raw[:-1] if raw.endswith(b"\r") else raw
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            if encoding_errors != "replace":
+                raise ValueError(
+                    f"{where}, line {number}: invalid UTF-8 at byte {error.start}; fix the input "
+                    "or pass --encoding_errors replace"
+                ) from None
+            lines.append(raw.decode("utf-8", errors="replace"))
+            replaced += 1
+    if lines and lines[0].startswith("\ufeff"):
+        lines[0] = lines[0][1:]
+    return lines, replaced
+
+
+def _check_numbers(args) -> None:
+    """Every numeric option, before anything is loaded."""
+    checks = [
+        ("--beam_size", args.beam_size, args.beam_size >= 1, "at least 1"),
+        ("--extra_length", args.extra_length, args.extra_length >= 0, "at least 0"),
+        ("--batch_tokens", args.batch_tokens, args.batch_tokens >= 1, "at least 1"),
+        ("--alpha", args.alpha, math.isfinite(args.alpha) and args.alpha >= 0, "a number >= 0"),
+        ("--average", args.average, args.average is None or args.average >= 1, "at least 1"),
+        ("--step", args.step, args.step is None or args.step >= 0, "at least 0"),
+    ]
+    for flag, value, ok, expected in checks:
+        if not ok:
+            raise ValueError(f"{flag} must be {expected}, got {value}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        _check_numbers(args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if args.plot_attention and not args.sentence:
         print("error: --plot_attention needs a SENTENCE argument", file=sys.stderr)
         return 2
+    try:
+        if args.plot_attention:
+            lines, replaced = [], 0
+        elif args.input == "-":
+            lines, replaced = read_lines(sys.stdin.buffer.read(), "stdin", args.encoding_errors)
+        else:
+            data = pathlib.Path(args.input).read_bytes()
+            lines, replaced = read_lines(data, args.input, args.encoding_errors)
+        # opened before any work, so an unwritable path fails now, not after translating
+        output = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if replaced:
+        print(
+            f"{args.input}: {replaced} lines had invalid UTF-8 replaced by U+FFFD", file=sys.stderr
+        )
+    with output if output is not sys.stdout else contextlib.nullcontext():
+        return _translate(args, lines, output)
+
+
+def _translate(args, lines: list[str], output) -> int:
     from tfm import translate, viz, workdir
 
     try:
@@ -95,33 +171,30 @@ def main(argv: list[str] | None = None) -> int:
         viz.plot_attention(
             attended.maps, attended.source_pieces, attended.target_pieces, args.plot_attention
         )
-        print(attended.translation)
+        print(attended.translation, file=output)
         print(f"attention maps written to {args.plot_attention}", file=sys.stderr)
         return 0
 
     from tqdm import tqdm
 
-    source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")  # noqa: SIM115
-    with source:
-        lines = [line.rstrip("\r\n") for line in source]
+    translations = []
     try:
         with tqdm(total=len(lines), unit="sent", file=sys.stderr, disable=args.input == "-") as bar:
-            translations = translate.translate(
+            for line in translate.translate_in_order(
                 loaded.model, loaded.params, loaded.tokenizer, lines, config, progress=bar.update
-            )
+            ):
+                output.write(line + "\n")
+                translations.append(line)
+            output.flush()
     except translate.OverlongInputError as error:
         print(f"error: {args.input}: {error}", file=sys.stderr)
         return 2
-    text = "\n".join(translations) + ("\n" if translations else "")
-    if args.output == "-":
-        sys.stdout.write(text)
-    else:
-        pathlib.Path(args.output).write_text(text, encoding="utf-8")
     if args.reference:
-        references = pathlib.Path(args.reference).read_text(encoding="utf-8").splitlines()
         try:
+            data = pathlib.Path(args.reference).read_bytes()
+            references, _ = read_lines(data, args.reference, "strict")
             scores = translate.score(translations, references, loaded.card.target_language)
-        except ValueError as error:
+        except (OSError, ValueError) as error:
             print(f"error: {args.reference}: {error}", file=sys.stderr)
             return 2
         print(

@@ -8,6 +8,7 @@ workdirs/default. Running again with the same workdir resumes, or reports that t
 """
 
 import pathlib
+import re
 import sys
 
 from absl import app, flags, logging
@@ -16,16 +17,36 @@ from ml_collections import config_flags
 ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))  # configs/ import each other as a package
 
-config_flags.DEFINE_config_file(
-    "config",
-    str(ROOT / "configs" / "default.py"),
-    "Config file (a Python file with get_config()).",
-    lock_config=True,
-)
+
+def _unknown_key(error: Exception) -> SystemExit:
+    overrides = [arg.split("=")[0] for arg in sys.argv[1:] if arg.startswith("--config.")]
+    suggestion = re.search(r'Did you mean "([^"]+)"', str(error))
+    hint = f' (did you mean "{suggestion.group(1)}"?)' if suggestion else ""
+    return SystemExit(
+        f"error: {' '.join(overrides) or 'the config'}: no such key in the config{hint}; the "
+        "keys are listed in configs/common.py"
+    )
+
+
+try:  # ml_collections applies --config.KEY=VALUE while defining the flag
+    config_flags.DEFINE_config_file(
+        "config",
+        str(ROOT / "configs" / "default.py"),
+        "Config file (a Python file with get_config()).",
+        lock_config=True,
+    )
+except (AttributeError, KeyError) as error:
+    raise _unknown_key(error) from None
 flags.DEFINE_string(
     "workdir", None, "Checkpoints, metrics and results go here (default: workdirs/<config name>)."
 )
 flags.DEFINE_bool("profile", False, "Write a JAX profiler trace of steps 3-5 to WORKDIR/profile.")
+flags.DEFINE_bool(
+    "start_over",
+    False,
+    "Move the workdir's previous run (checkpoints, metrics, results, model card) aside to "
+    "WORKDIR/previous-N, then train from scratch.",
+)
 FLAGS = flags.FLAGS
 
 
@@ -33,15 +54,25 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax logs every file operation at INFO
     from tfm import trainer
+    from tfm.checkpoint import CheckpointError
     from tfm.job import job_config_from
+    from tfm.workdir import WorkdirError
 
     workdir = FLAGS.workdir or str(
         ROOT / "workdirs" / pathlib.Path(flags.FLAGS["config"].config_filename).stem
     )
     try:
         config = job_config_from(FLAGS.config)
-        result = trainer.train_and_evaluate(config, workdir, profile=FLAGS.profile)
-    except (ValueError, FileNotFoundError, trainer.TrainingDiverged) as error:
+        result = trainer.train_and_evaluate(
+            config, workdir, profile=FLAGS.profile, start_over=FLAGS.start_over
+        )
+    except (
+        ValueError,
+        FileNotFoundError,
+        trainer.TrainingDiverged,
+        WorkdirError,
+        CheckpointError,
+    ) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(trainer.format_report(result))
@@ -49,4 +80,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    try:
+        app.run(main)
+    except (AttributeError, KeyError) as error:
+        if FLAGS.is_parsed():
+            raise  # not from the flags: a bug, shown in full
+        raise _unknown_key(error) from None  # a --config.KEY that the config file lacks

@@ -123,16 +123,27 @@ def test_batches_hold_every_pair_once_correctly_under_budget(trained, pack):
     assert len(shapes) <= 8 and (not pack or len(shapes) == 1)
 
 
-def test_truncation_keeps_eos_and_counts(trained):
+def test_truncation_cuts_targets_without_eos_and_counts(trained):
     _, _, ids, _ = trained
     config = batching.BatchConfig(batch_tokens=512, max_seq_len=12, overlong="truncate")
     pipe = pipeline.BatchPipeline(ids, config)
     assert pipe.examples.filtered["overlong_truncated"] > 0
     assert len(pipe.examples.indices) == len(ids)
-    batch = pipe.local_batch(pipe.plan(0)[0])
-    for row in batch["tgt_out"]:
-        real = row[row != PAD_ID]
-        assert len(real) <= 12 and (len(real) == 0 or real[-1] == EOS_ID)
+    cut = 0
+    for rows in pipe.plan(0):
+        batch = pipe.local_batch(rows)
+        for r, members in enumerate(rows):
+            if not members:
+                continue
+            target = ids.target(pipe.examples.indices[members[0]]).tolist()
+            # a target that fits ends in EOS; a cut one continues to its 12th token, no EOS
+            expected = target + [EOS_ID] if len(target) < 12 else target[:12]
+            cut += len(target) >= 12
+            assert batch["tgt_out"][r, : len(expected)].tolist() == expected
+            assert batch["tgt_in"][r, : len(expected)].tolist() == [BOS_ID] + expected[:-1]
+            source = ids.source(pipe.examples.indices[members[0]]).tolist()
+            assert batch["src"][r, : min(len(source) + 1, 12)].tolist()[-1] == EOS_ID
+    assert cut > 0
 
 
 def _synthetic_split(n=5000, seed=0):

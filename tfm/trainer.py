@@ -8,6 +8,7 @@ mesh/pmap forms in `tfm.steps`, the records in `tfm.train_log`, the workdir's fi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -18,6 +19,7 @@ import time
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from tfm import checkpoint as ckpt
@@ -27,7 +29,8 @@ from tfm.data.prepare import PreparedData, prepare
 from tfm.job import JobConfig
 from tfm.model import Transformer
 from tfm.train_log import TrainingDiverged, TrainLog
-from tfm.workdir import ModelCard, Workdir, write_model_card
+from tfm.workdir import ModelCard, Workdir, check_resume, exclusive, write_model_card
+from tfm.workdir import start_over as move_previous_run_aside
 
 __all__ = ["Job", "TrainingDiverged", "build_job", "format_report", "train", "train_and_evaluate"]
 
@@ -47,9 +50,9 @@ class Job:
 
 def build_job(config: JobConfig, workdir: str | pathlib.Path) -> Job:
     """Prepare the data (built once, cached in the data dir), the model, the device mesh or pmap,
-    the batch pipelines, and write the model card."""
+    the batch pipelines; check that the workdir holds this run (or none), then write the model
+    card."""
     workdir = Workdir(workdir)
-    workdir.root.mkdir(parents=True, exist_ok=True)
     data = prepare(config.spec, config.data_dir, config.vocab_size)
     model = Transformer(config.model_config(data.tokenizer.vocab_size))
     optimizer = training.make_optimizer(config.train, model.config.d_model)
@@ -69,16 +72,37 @@ def build_job(config: JobConfig, workdir: str | pathlib.Path) -> Job:
     pipeline = BatchPipeline(data.ids["train"], batches, *shard)
     eval_batches = dataclasses.replace(batches, shuffle=False)
     eval_pipeline = BatchPipeline(data.ids["validation"], eval_batches, *shard)
+    card = ModelCard(
+        model=model.config,
+        vocabulary=str(data.tokenizer.path.absolute()),
+        dataset=data.spec.name,
+        source_language=data.spec.source_language,
+        target_language=data.spec.target_language,
+        dataset_fingerprint=data.dataset_fingerprint,
+        vocabulary_fingerprint=data.tokenizer.fingerprint,
+        settings=resumable_settings(config),
+    )
+    changed = check_resume(workdir, card)  # raises before anything is written
+    if changed and jax.process_index() == 0:
+        print(f"Resuming with changed settings (allowed): {'; '.join(changed)}", file=sys.stderr)
     if jax.process_index() == 0:
-        card = ModelCard(
-            model=model.config,
-            vocabulary=str(data.tokenizer.path.absolute()),
-            dataset=data.spec.name,
-            source_language=data.spec.source_language,
-            target_language=data.spec.target_language,
-        )
         write_model_card(workdir, card)
     return Job(config, workdir, data, model, pipeline, eval_pipeline, compiled)
+
+
+def resumable_settings(config: JobConfig) -> dict:
+    """The settings a resumed run may change (recorded in the model card, compared on resume)."""
+    loop = dataclasses.asdict(config.loop)
+    return dict(
+        loop,
+        parallelism=config.parallelism,
+        model_parallel=config.model_parallel,
+        processes=jax.process_count(),
+        devices=jax.device_count(),
+        batch_tokens=config.batches.batch_tokens,
+        grad_accum_steps=config.grad_accum_steps,
+        learning_rate_scale=config.train.learning_rate_scale,
+    )
 
 
 def due(step: int, every: int, total: int) -> bool:
@@ -158,9 +182,7 @@ def train(job: Job, profile: bool = False) -> dict:
         )
 
     def save(step: int) -> None:
-        host = job.steps.host_state(state)
-        meta = dict(step=step, digest=ckpt.params_digest(host.params))
-        checkpointer.save(step, host, iterator.get_state(), meta)
+        checkpointer.save(step, job.steps.host_state(state), iterator.get_state())
 
     step, stop_reason = start, None
     try:
@@ -243,11 +265,28 @@ def evaluate_translations(job: Job) -> dict:
 
 
 def train_and_evaluate(
-    config: JobConfig, workdir: str | pathlib.Path, profile: bool = False
+    config: JobConfig,
+    workdir: str | pathlib.Path,
+    profile: bool = False,
+    start_over: bool = False,
 ) -> dict:
-    """The main job: prepare data, train (resuming), then translate and score the test split."""
-    wall_start = time.perf_counter()
+    """The main job: prepare data, train (resuming), then translate and score the test split.
+    Process 0 holds the workdir's lock throughout; `start_over` first moves a previous run's
+    files aside."""
     parallel.initialize_distributed()
+    lead = jax.process_index() == 0
+    with exclusive(Workdir(workdir)) if lead else contextlib.nullcontext():
+        if start_over and lead:
+            moved = move_previous_run_aside(Workdir(workdir))
+            if moved:
+                print(f"Moved the previous run aside to {moved}", file=sys.stderr)
+        if start_over and jax.process_count() > 1:
+            multihost_utils.sync_global_devices("tfm start_over")
+        return _run(config, workdir, profile)
+
+
+def _run(config: JobConfig, workdir: str | pathlib.Path, profile: bool) -> dict:
+    wall_start = time.perf_counter()
     job = build_job(config, workdir)
     summary = job.data.summary(job.pipeline.config)
     lead = jax.process_index() == 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -139,6 +139,25 @@ def translate(
     encoded = encode_sources(tokenizer, texts, config)
     outputs = translate_ids(model, params, encoded, config, progress)
     return ["" if ids is None else tokenizer.decode(ids) for ids in outputs]
+
+
+def translate_in_order(
+    model: Transformer,
+    params,
+    tokenizer,
+    texts: Sequence[str],
+    config: TranslateConfig = TranslateConfig(),
+    block_lines: int = 1000,
+    progress: Callable[[int], None] | None = None,
+) -> Iterator[str]:
+    """Translations of `texts`, yielded in input order block by block as they are done, so a
+    caller can write them out as it goes. Every line is tokenized (and an over-long one refused)
+    before any decoding."""
+    encoded = encode_sources(tokenizer, texts, config)
+    for start in range(0, len(encoded), block_lines):
+        block = encoded[start : start + block_lines]
+        for ids in translate_ids(model, params, block, config, progress):
+            yield "" if ids is None else tokenizer.decode(ids)
 
 
 def score(

@@ -1,8 +1,14 @@
 """What a training workdir holds and how to read it back: the model card (`model.json`: model
-shape, vocabulary, dataset), the files the training job writes, and loading a trained model
-(checkpoint or checkpoint average, vocabulary) for translation.
+shape, vocabulary, dataset and their fingerprints), the files the training job writes, the lock
+of the one process that writes them, and loading a trained model (checkpoint or checkpoint
+average, vocabulary) for translation.
 
-    WORKDIR/model.json              model card: ModelConfig, vocabulary path, dataset, languages
+A workdir holds one run: a resumed run must train the same model on the same data with the same
+vocabulary (`check_resume`); anything else needs a new workdir or `start_over`, which moves the
+old run aside and never deletes it.
+
+    WORKDIR/model.json              model card: ModelConfig, vocabulary, dataset, fingerprints
+    WORKDIR/.lock                   held (flock) by the training process that writes here
     WORKDIR/checkpoints/STEP/       orbax checkpoints (`tfm.checkpoint`)
     WORKDIR/metrics.jsonl           one JSON record per log / evaluation
     WORKDIR/tensorboard/            the same scalars for TensorBoard
@@ -13,8 +19,11 @@ shape, vocabulary, dataset), the files the training job writes, and loading a tr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
+import os
 import pathlib
 from typing import Any
 
@@ -30,10 +39,16 @@ from tfm.model import Transformer
 MODEL_CARD = "model.json"
 # keys that model cards written before a rename carry, and their current names
 _RENAMED_MODEL_KEYS = {"max_len": "max_positions"}
+# ModelConfig fields that change how, not what, the model computes: free to change on resume
+_COMPUTATION_ONLY = ("attention", "remat")
 
 
 class LoadError(RuntimeError):
     """A workdir whose checkpoint, model card or vocabulary cannot be used; says what to do."""
+
+
+class WorkdirError(RuntimeError):
+    """A workdir that this run must not write to: busy, or holding another run."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,16 +88,104 @@ class Workdir:
     def profile(self) -> pathlib.Path:
         return self.root / "profile"
 
+    @property
+    def checkpoints(self) -> pathlib.Path:
+        return ckpt.Checkpointer.directory_of(self.root)
+
+    @property
+    def lock_file(self) -> pathlib.Path:
+        return self.root / ".lock"
+
+    def has_checkpoints(self) -> bool:
+        folder = self.checkpoints
+        return folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
+
+    def run_files(self) -> list[pathlib.Path]:
+        """What one run writes here (and `start_over` moves aside)."""
+        paths = [
+            self.model_card,
+            self.checkpoints,
+            self.metrics,
+            self.tensorboard,
+            self.results,
+            self.translations,
+            self.loss_curve,
+            self.profile,
+        ]
+        return [path for path in paths if path.exists()]
+
+
+@contextlib.contextmanager
+def exclusive(workdir: Workdir):
+    """Hold the workdir's advisory lock for the block: a second writer fails at once, naming the
+    holder. The OS releases the lock when the process dies, so a killed run never blocks the
+    next one."""
+    workdir.root.mkdir(parents=True, exist_ok=True)
+    with open(workdir.lock_file, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise WorkdirError(
+                f"{workdir.root} is in use by process {holder} (it holds {workdir.lock_file}); "
+                "wait for it to finish, stop it, or train in another --workdir"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def start_over(workdir: Workdir) -> pathlib.Path | None:
+    """Move the previous run's files into WORKDIR/previous-N (never deleted); None if none."""
+    files = workdir.run_files()
+    if not files:
+        return None
+    number = 1
+    while (workdir.root / f"previous-{number}").exists():
+        number += 1
+    folder = workdir.root / f"previous-{number}"
+    folder.mkdir()
+    for path in files:
+        path.rename(folder / path.name)
+    return folder
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelCard:
-    """What decode.py needs to rebuild a trained model and its vocabulary."""
+    """What decode.py needs to rebuild a trained model and its vocabulary, and what identifies
+    the run: the data and vocabulary it trained on (fingerprints) and its resumable settings."""
 
     model: ModelConfig
     vocabulary: str
     dataset: str
     source_language: str
     target_language: str
+    dataset_fingerprint: str = ""
+    vocabulary_fingerprint: str = ""
+    settings: dict = dataclasses.field(default_factory=dict)  # may change on resume
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed run must share with the checkpoints: model, data, vocabulary. The
+        model fields that only choose how the same function is computed may change."""
+        values = {
+            f"model.{k}": v
+            for k, v in dataclasses.asdict(self.model).items()
+            if k not in _COMPUTATION_ONLY
+        }
+        values.update(
+            dataset=self.dataset,
+            source_language=self.source_language,
+            target_language=self.target_language,
+            dataset_fingerprint=self.dataset_fingerprint,
+            vocabulary_fingerprint=self.vocabulary_fingerprint,
+        )
+        return values
 
     def to_json(self) -> str:
         values = dataclasses.asdict(self)
@@ -107,9 +210,42 @@ def read_model_card(workdir: Workdir) -> ModelCard:
             dataset=values.get("dataset", "unknown"),
             source_language=values.get("source_language", "unknown"),
             target_language=values.get("target_language", "unknown"),
+            dataset_fingerprint=values.get("dataset_fingerprint", ""),
+            vocabulary_fingerprint=values.get("vocabulary_fingerprint", ""),
+            settings=dict(values.get("settings") or {}),
         )
     except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as error:
         raise LoadError(f"{path}: unreadable model card ({error})") from None
+
+
+def check_resume(workdir: Workdir, card: ModelCard) -> list[str]:
+    """Before a run writes anything: stop if the workdir's checkpoints belong to another model,
+    dataset or vocabulary; return the resumable settings that changed, for the log."""
+    if not workdir.has_checkpoints():
+        return []
+    ways_out = (
+        "train in a new --workdir, or pass --start_over to move the old run aside to "
+        f"{workdir.root}/previous-N (nothing is deleted)"
+    )
+    try:
+        old = read_model_card(workdir)
+    except LoadError as error:
+        raise WorkdirError(f"{error}; the checkpoints here cannot be matched: {ways_out}") from None
+    before, now = old.identity(), card.identity()
+    # cards written before fingerprints existed have none to compare
+    unknown = {k for k, v in before.items() if k.endswith("_fingerprint") and not v}
+    differ = [k for k in now if k not in unknown and before.get(k) != now[k]]
+    if differ:
+        shown = "; ".join(f"{k}: {before.get(k)!r} -> {now[k]!r}" for k in differ[:4])
+        raise WorkdirError(
+            f"{workdir.root} holds checkpoints of another run ({shown}"
+            f"{'; ...' if len(differ) > 4 else ''}): {ways_out}"
+        )
+    return [
+        f"{k}: {old.settings[k]!r} -> {v!r}"
+        for k, v in card.settings.items()
+        if k in old.settings and old.settings[k] != v
+    ]
 
 
 @dataclasses.dataclass

@@ -78,7 +78,8 @@ class BatchConfig:
 @dataclasses.dataclass
 class Examples:
     """The pairs kept for batching: their indices into a TokenizedSplit and their lengths on each
-    side with EOS (after truncation), plus the count of pairs filtered by reason."""
+    side with EOS (after truncation; a truncated target's last slot holds its next token, not
+    EOS), plus the count of pairs filtered by reason."""
 
     indices: np.ndarray
     src_lengths: np.ndarray
@@ -272,9 +273,14 @@ def assemble_batch(
         seg, within = _segment_ranges(lengths)
         columns = start_in_row[seg] + within
         rows_of_tokens = row_of[seg]
-        is_last = within == lengths[seg] - 1  # the EOS slot
         token_index = offsets[index[seg]] + within
-        tokens = np.where(is_last, EOS_ID, ids[np.minimum(token_index, len(ids) - 1)])
+        if side == "src":
+            eos = within == lengths[seg] - 1  # the last slot, also when the source was cut
+        else:
+            # EOS only where the target really ends: a target cut by the length rule did not
+            # end there, and an EOS at the cut would teach the model to stop mid-sentence
+            eos = token_index == offsets[index[seg] + 1]
+        tokens = np.where(eos, EOS_ID, ids[np.minimum(token_index, len(ids) - 1)])
         if side == "src":
             batch["src"][rows_of_tokens, columns] = tokens
         else:

@@ -23,10 +23,22 @@ class CorpusError(ValueError):
 
 @dataclasses.dataclass
 class Corpus:
-    """Pairs of every split and the count of pairs filtered while reading, by reason."""
+    """Pairs of every split, and counts by reason of what reading dropped or changed (pairs
+    with an empty side, lines whose invalid UTF-8 was replaced, ...)."""
 
     splits: dict[str, list[tuple[str, str]]]
     filtered: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+
+def fingerprint(pairs: Iterable[tuple[str, str]]) -> str:
+    """SHA-256 of a list of pairs' text, in order: what caches built from them are keyed by, so
+    an edited corpus never reuses them."""
+    digest = hashlib.sha256()
+    for source, target in pairs:
+        for text in (source, target):
+            data = text.encode("utf-8")
+            digest.update(len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()
 
 
 def split_of(source_text: str) -> str:
@@ -52,22 +64,29 @@ def split_pairs(pairs: Iterable[tuple[str, str]], filtered: collections.Counter)
     return Corpus(splits, filtered)
 
 
-def _decode_lines(path: pathlib.Path, errors: str) -> list[str]:
+def _decode_lines(
+    path: pathlib.Path, errors: str, counts: collections.Counter | None = None
+) -> list[str]:
     """UTF-8 lines without line ends; a BOM is dropped and CRLF accepted. Invalid UTF-8 raises
-    CorpusError naming file and line, unless `errors="replace"`."""
+    CorpusError naming file and line, unless `errors="replace"`, which substitutes U+FFFD and
+    counts the lines it changed in `counts["lines_with_invalid_utf8_replaced"]`."""
     if not path.is_file():
         raise CorpusError(f"{path}: no such file")
     lines = []
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             try:
-                text = raw.decode("utf-8", errors=errors)
+                text = raw.decode("utf-8")
             except UnicodeDecodeError as error:
-                raise CorpusError(
-                    f"{path}, line {number}: invalid UTF-8 at byte {error.start} "
-                    f"({raw[max(0, error.start - 10) : error.start + 10]!r}); fix the file or "
-                    "pass encoding_errors='replace' to substitute U+FFFD"
-                ) from None
+                if errors != "replace":
+                    raise CorpusError(
+                        f"{path}, line {number}: invalid UTF-8 at byte {error.start} "
+                        f"({raw[max(0, error.start - 10) : error.start + 10]!r}); fix the file "
+                        "or pass encoding_errors='replace' to substitute U+FFFD"
+                    ) from None
+                text = raw.decode("utf-8", errors="replace")
+                if counts is not None:
+                    counts["lines_with_invalid_utf8_replaced"] += 1
             if number == 1 and text.startswith("\ufeff"):
                 text = text[1:]
             lines.append(text.rstrip("\r\n"))
@@ -76,14 +95,15 @@ def _decode_lines(path: pathlib.Path, errors: str) -> list[str]:
 
 def read_text_pair(source_file: str, target_file: str, encoding_errors: str = "strict") -> Corpus:
     """Line-aligned files: line i of one translates line i of the other."""
-    source_lines = _decode_lines(pathlib.Path(source_file), encoding_errors)
-    target_lines = _decode_lines(pathlib.Path(target_file), encoding_errors)
+    counts: collections.Counter = collections.Counter()
+    source_lines = _decode_lines(pathlib.Path(source_file), encoding_errors, counts)
+    target_lines = _decode_lines(pathlib.Path(target_file), encoding_errors, counts)
     if len(source_lines) != len(target_lines):
         raise CorpusError(
             f"line counts differ: {source_file} has {len(source_lines)} lines, {target_file} has "
             f"{len(target_lines)}; the files must be line-aligned translations"
         )
-    return split_pairs(zip(source_lines, target_lines, strict=True), collections.Counter())
+    return split_pairs(zip(source_lines, target_lines, strict=True), counts)
 
 
 def read_tsv(path: str, encoding_errors: str = "strict") -> Corpus:
@@ -91,7 +111,8 @@ def read_tsv(path: str, encoding_errors: str = "strict") -> Corpus:
     naming the file and line."""
     pairs = []
     filtered: collections.Counter = collections.Counter()
-    for number, line in enumerate(_decode_lines(pathlib.Path(path), encoding_errors), start=1):
+    lines = _decode_lines(pathlib.Path(path), encoding_errors, filtered)
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             filtered["empty_line"] += 1
             continue

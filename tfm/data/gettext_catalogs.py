@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import pathlib
 import re
 import struct
@@ -61,8 +62,20 @@ def read_mo(path: str | pathlib.Path) -> list[CatalogEntry]:
             raise CatalogError(f"{path}: string {index} runs past the end of the file")
         return data[offset : offset + length]
 
+    # gettext stores each string once, so all strings together fit in the file; entries that
+    # share bytes would make the decoded text grow with the square of the file size
+    budget = 2 * len(data)
+    raw = []
     try:
-        raw = [(string_at(originals_at, i), string_at(translations_at, i)) for i in range(count)]
+        for i in range(count):
+            pair = (string_at(originals_at, i), string_at(translations_at, i))
+            budget -= len(pair[0]) + len(pair[1])
+            if budget < 0:
+                raise CatalogError(
+                    f"{path}: its {count} entries reference more than twice the file's "
+                    f"{len(data)} bytes; overlapping strings, not a catalog msgfmt writes"
+                )
+            raw.append(pair)
     except struct.error as error:
         raise CatalogError(f"{path}: truncated string table ({error})") from None
     charset = "utf-8"
@@ -126,6 +139,25 @@ class CatalogCorpus:
     entries: int
 
 
+def catalog_files(language: str, locale_dir: str | pathlib.Path = DEFAULT_LOCALE_DIR):
+    """`<locale_dir>/<language>/LC_MESSAGES/*.mo`, in name order."""
+    folder = pathlib.Path(locale_dir) / language / "LC_MESSAGES"
+    return sorted(folder.glob("*.mo")) if folder.is_dir() else []
+
+
+def catalogs_fingerprint(language: str, locale_dir: str | pathlib.Path = DEFAULT_LOCALE_DIR) -> str:
+    """SHA-256 of the catalogs' names and bytes: a dataset built from them is stale when it
+    changes (a package installed, updated or removed)."""
+    digest = hashlib.sha256()
+    for path in catalog_files(language, locale_dir):
+        digest.update(path.name.encode() + b"\0")
+        try:
+            digest.update(path.read_bytes() if path.is_file() else b"<not a regular file>")
+        except OSError as error:
+            digest.update(f"<unreadable: {error.errno}>".encode())
+    return digest.hexdigest()
+
+
 def read_catalogs(
     language: str, locale_dir: str | pathlib.Path = DEFAULT_LOCALE_DIR
 ) -> CatalogCorpus:
@@ -135,7 +167,7 @@ def read_catalogs(
     result is deterministic. Unreadable files are skipped and counted.
     """
     folder = pathlib.Path(locale_dir) / language / "LC_MESSAGES"
-    files = sorted(folder.glob("*.mo")) if folder.is_dir() else []
+    files = catalog_files(language, locale_dir)
     if not files:
         raise FileNotFoundError(
             f"no gettext catalogs (*.mo) under {folder}: this machine ships no '{language}' "
@@ -147,8 +179,10 @@ def read_catalogs(
     entries = 0
     for path in files:
         try:
+            if not path.is_file():  # a directory or a broken symlink named *.mo
+                raise CatalogError(f"{path}: not a regular file")
             catalog = read_mo(path)
-        except CatalogError:
+        except (CatalogError, OSError):
             filtered["unreadable_file"] += 1
             continue
         for entry in catalog:

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import collections
 import pathlib
+import shutil
+import sys
 
 import tensorflow_datasets as tfds
 
 from tfm.data import gettext_catalogs
 from tfm.data.corpus import SPLITS, Corpus, CorpusError, split_pairs
 
-# key of the gettext dataset's metadata that records what reading the catalogs filtered, so the
-# counts are stored with the prepared data instead of being recomputed from the catalogs
+# keys of the gettext dataset's metadata: what reading the catalogs filtered (stored with the
+# prepared data instead of being recomputed from the catalogs), and which catalogs it was built
+# from (a dataset of other catalogs is stale)
 FILTERED_KEY = "filtered_while_reading"
+CATALOGS_KEY = "catalogs_fingerprint"
 
 
 class GettextTranslations(tfds.core.GeneratorBasedBuilder):
@@ -61,6 +65,9 @@ class GettextTranslations(tfds.core.GeneratorBasedBuilder):
         catalogs = gettext_catalogs.read_catalogs(self.target_language, self._locale_dir)
         corpus = split_pairs(catalogs.pairs, catalogs.filtered)
         self.info.metadata[FILTERED_KEY] = dict(corpus.filtered)
+        self.info.metadata[CATALOGS_KEY] = gettext_catalogs.catalogs_fingerprint(
+            self.target_language, self._locale_dir
+        )
         return {split: self._generate_examples(pairs) for split, pairs in corpus.splits.items()}
 
     def _generate_examples(self, pairs):
@@ -101,8 +108,19 @@ def read_gettext(
     data_dir: str | pathlib.Path,
     locale_dir: str | pathlib.Path = gettext_catalogs.DEFAULT_LOCALE_DIR,
 ) -> Corpus:
-    """The catalogs' pairs through their TFDS dataset, built under data_dir on first use."""
+    """The catalogs' pairs through their TFDS dataset, built under data_dir on first use and
+    rebuilt when the catalogs changed since."""
     builder = gettext_builder(target_language, data_dir, locale_dir)
+    if builder.is_prepared():
+        current = gettext_catalogs.catalogs_fingerprint(target_language, locale_dir)
+        if builder.info.metadata.get(CATALOGS_KEY) != current:
+            print(
+                f"the catalogs under {locale_dir} changed since {builder.data_dir} was built; "
+                "rebuilding it",
+                file=sys.stderr,
+            )
+            shutil.rmtree(builder.data_dir)  # a derived cache: the catalogs are the data
+            builder = gettext_builder(target_language, data_dir, locale_dir)
     builder.download_and_prepare()
     data_sources = builder.as_data_source()
     missing = [split for split in SPLITS if split not in data_sources]

@@ -9,16 +9,19 @@ fall back to byte pieces, so decode(encode(text)) == text for any text.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import json
 import os
 import pathlib
+import re
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
 
+from tfm.data.corpus import CorpusError, fingerprint
 from tfm.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 TRAINER_SETTINGS = dict(
@@ -66,6 +69,11 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._processor.get_piece_size()
 
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """SHA-256 of the model file: ids made with another vocabulary never match it."""
+        return hashlib.sha256(self.path.read_bytes()).hexdigest()
+
     def encode(self, text: str) -> list[int]:
         """Ids of `text`, without BOS/EOS."""
         return self._processor.encode(text)
@@ -87,12 +95,22 @@ class Tokenizer:
         return [self._processor.id_to_piece(int(i)) for i in ids]
 
 
-def settings_key(corpus_slug: str, vocab_size: int) -> str:
-    """Cache key of a vocabulary: corpus, size and trainer settings."""
+def settings_key(train_fingerprint: str, vocab_size: int) -> str:
+    """Cache key of a vocabulary: the content of its training text, its size and the trainer
+    settings."""
     blob = json.dumps(
-        dict(corpus=corpus_slug, vocab_size=vocab_size, **TRAINER_SETTINGS), sort_keys=True
+        dict(corpus=train_fingerprint, vocab_size=vocab_size, **TRAINER_SETTINGS), sort_keys=True
     )
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def vocabulary_path(
+    data_dir: str | pathlib.Path, corpus_slug: str, vocab_size: int, train_fingerprint: str
+) -> pathlib.Path:
+    """Where the vocabulary for this training text and size is cached (named for people by the
+    corpus, keyed for safety by the content)."""
+    key = settings_key(train_fingerprint, vocab_size)
+    return pathlib.Path(data_dir) / "vocab" / f"{corpus_slug}-{vocab_size}-{key}.model"
 
 
 def train_tokenizer(
@@ -105,15 +123,25 @@ def train_tokenizer(
     model_path = pathlib.Path(model_path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=(text for text in texts if text),
-        model_writer=buffer,
-        vocab_size=vocab_size,
-        seed_sentencepiece_size=seed_sentencepiece_size,
-        num_threads=2,
-        minloglevel=2,
-        **TRAINER_SETTINGS,
-    )
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=(text for text in texts if text),
+            model_writer=buffer,
+            vocab_size=vocab_size,
+            seed_sentencepiece_size=seed_sentencepiece_size,
+            num_threads=2,
+            minloglevel=2,
+            **TRAINER_SETTINGS,
+        )
+    except RuntimeError as error:
+        needed = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(error))
+        if needed:
+            raise CorpusError(
+                f"vocab_size={vocab_size} is smaller than the {needed.group(1)} distinct "
+                "characters the training text needs; raise vocab_size (--vocab_size or "
+                "--config.vocab_size) well above that"
+            ) from None
+        raise CorpusError(f"SentencePiece could not train a vocabulary: {error}") from None
     partial = model_path.with_suffix(f".{os.getpid()}.partial")  # per process: see tokenize_split
     partial.write_bytes(buffer.getvalue())
     partial.replace(model_path)
@@ -125,13 +153,12 @@ def load_or_train(
     corpus_slug: str,
     vocab_size: int,
     data_dir: str | pathlib.Path,
+    train_fingerprint: str | None = None,
 ) -> Tokenizer:
-    """The cached vocabulary for this corpus and size, trained on its training pairs if absent."""
-    path = (
-        pathlib.Path(data_dir)
-        / "vocab"
-        / (f"{corpus_slug}-{vocab_size}-{settings_key(corpus_slug, vocab_size)}.model")
-    )
+    """The cached vocabulary for these training pairs and size, trained on them if absent.
+    `train_fingerprint` (`tfm.data.corpus.fingerprint` of the pairs) is computed if not given."""
+    train_fingerprint = train_fingerprint or fingerprint(train_pairs)
+    path = vocabulary_path(data_dir, corpus_slug, vocab_size, train_fingerprint)
     if path.is_file():
         return Tokenizer(path)
     texts = (text for pair in train_pairs for text in pair)
@@ -174,11 +201,15 @@ def _flatten(sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray
 
 
 def tokenize_split(
-    pairs: Sequence[tuple[str, str]], tokenizer, cache_path: str | pathlib.Path
+    pairs: Sequence[tuple[str, str]],
+    tokenizer,
+    cache_path: str | pathlib.Path,
+    key: str = "",
 ) -> TokenizedSplit:
     """Ids of `pairs`, computed once and cached at `cache_path` (.npz) for later epochs and runs.
 
-    A cache that does not hold exactly len(pairs) pairs is rebuilt.
+    `key` names what the ids were built from (see `ids_key`); it is stored in the cache, and a
+    cache with another key, or that does not hold exactly len(pairs) pairs, is rebuilt.
     """
     cache_path = pathlib.Path(cache_path)
     if cache_path.is_file():
@@ -187,7 +218,8 @@ def tokenize_split(
                 split = TokenizedSplit(
                     *(data[k] for k in ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets"))
                 )
-            if len(split) == len(pairs):
+                stored_key = str(data["key"]) if "key" in data else ""
+            if len(split) == len(pairs) and stored_key == key:
                 return split
         except (OSError, ValueError, KeyError):
             pass  # unreadable cache: rebuild it below
@@ -198,6 +230,11 @@ def tokenize_split(
     # One temporary name per process: processes of a multi-host job build the same cache at
     # once, and a shared name let one rename away the file another was still writing.
     partial = cache_path.with_name(f"{cache_path.name}.{os.getpid()}.partial.npz")
-    np.savez(partial, **dataclasses.asdict(split))
+    np.savez(partial, key=np.array(key), **dataclasses.asdict(split))
     partial.replace(cache_path)
     return split
+
+
+def ids_key(tokenizer: Tokenizer, split_fingerprint: str) -> str:
+    """What a split's ids depend on: the vocabulary file and the split's text."""
+    return hashlib.sha256(f"{tokenizer.fingerprint}:{split_fingerprint}".encode()).hexdigest()[:16]
