@@ -203,6 +203,11 @@ def test_sigkill_and_restart_ends_bit_identical(tmp_path):
     assert "Resumed from step" in resumed.stderr
     got = _digest(workdir)
     assert got[steps] == expected[steps]
+    # the records the killed run wrote after its last checkpoint are not repeated
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [r["step"] for r in records if r["kind"] == "train"]
+    logged = {s for s in range(1, steps + 1) if s % 5 == 0 or s % 7 == 0 or s == steps}
+    assert train_steps == sorted(logged)  # every log and checkpoint step once
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
@@ -298,3 +303,52 @@ def test_nan_loss_stops_naming_the_step_and_keeps_good_checkpoints(tmp_path):
     assert "loss is nan at step 2" in out.stderr
     saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert saved == [1]
+
+
+def test_a_workdir_refuses_another_run_and_a_second_writer(tmp_path):
+    workdir = tmp_path / "run"
+    extra = ["--config.decode.enabled=False", "--config.checkpoint_every_steps=10"]
+    first = _run(_args(tmp_path, workdir, 10, extra))
+    assert first.returncode == 0, first.stderr[-3000:]
+    card = (workdir / "model.json").read_text()
+    listing = sorted(p.name for p in workdir.iterdir())
+
+    # another model in the same workdir: one line, before anything is written
+    other = _run(_args(tmp_path, workdir, 20, [*extra, "--config.model.d_ff=256"]))
+    assert other.returncode == 1
+    assert "holds checkpoints of another run (model.d_ff: 128 -> 256)" in other.stderr
+    assert "--start_over" in other.stderr
+    assert (workdir / "model.json").read_text() == card
+    assert sorted(p.name for p in workdir.iterdir()) == listing
+
+    # more steps of the same run: allowed, and said
+    longer = _run(_args(tmp_path, workdir, 20, extra))
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    assert "num_train_steps: 10 -> 20" in longer.stderr
+
+    # starting over keeps the old run in previous-1
+    over = _run(
+        [*_args(tmp_path, workdir, 10, [*extra, "--config.model.d_ff=256"]), "--start_over"]
+    )
+    assert over.returncode == 0, over.stderr[-3000:]
+    assert sorted(_digest(workdir)) == [10]
+    assert sorted(_digest(workdir / "previous-1")) == [10, 20]
+
+    # a second writer while the first runs
+    log_path = tmp_path / "long.log"
+    with open(log_path, "w") as log:
+        running = subprocess.Popen(
+            _args(tmp_path, tmp_path / "busy", 100000, ["--config.log_every_steps=1"]),
+            cwd=ROOT,
+            stdout=log,
+            stderr=log,
+        )
+    metrics = tmp_path / "busy" / "metrics.jsonl"
+    try:
+        assert _wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 600, running)
+        second = _run(_args(tmp_path, tmp_path / "busy", 100000, []))
+        assert second.returncode == 1
+        assert f"is in use by process {running.pid}" in second.stderr
+    finally:
+        running.send_signal(signal.SIGKILL)
+        running.wait()

@@ -200,7 +200,8 @@ class Checkpointer:
         while target.exists():
             number += 1
             target = self.directory / f"{step}.damaged-{number}"
-        source.rename(target)
+        if jax.process_index() == 0:  # one mover; every process falls back the same way
+            source.rename(target)
         self.manager.reload()
         return target
 

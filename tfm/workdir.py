@@ -193,8 +193,11 @@ class ModelCard:
 
 
 def write_model_card(workdir: Workdir, card: ModelCard) -> None:
+    """Write model.json atomically: other processes of the job may be reading it."""
     workdir.root.mkdir(parents=True, exist_ok=True)
-    workdir.model_card.write_text(card.to_json())
+    partial = workdir.model_card.with_name(f"{MODEL_CARD}.{os.getpid()}.partial")
+    partial.write_text(card.to_json())
+    partial.replace(workdir.model_card)
 
 
 def read_model_card(workdir: Workdir) -> ModelCard:
