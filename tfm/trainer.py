@@ -338,8 +338,8 @@ def format_report(result: dict) -> str:
             f"({test['sacrebleu']['signature']})"
         )
         lines.append(
-            f"tokenized BLEU     {test['tokenized_bleu']['score']:.2f}  (13a tokens"
-            + (", compounds split)" if test["tokenized_bleu"]["compound_split"] else ")")
+            f"tokenized BLEU     {test['tokenized_bleu']['score']:.2f}  (the paper's way: Moses "
+            "tokens" + (", compounds split)" if test["tokenized_bleu"]["compound_split"] else ")")
         )
         lines.append(
             f"copy-source floor  {test['copy_source_sacrebleu']['score']:.2f}  "
