@@ -157,7 +157,7 @@ def _translate(args, lines: list[str], output) -> int:
             alpha=args.alpha,
             extra_length=args.extra_length,
             batch_tokens=args.batch_tokens,
-            max_source_len=loaded.model.config.max_positions,
+            max_source_len=translate.max_source_len_for(loaded.model.config, args.extra_length),
             overlong=args.overlong,
         )
     except (workdir.LoadError, FileNotFoundError, ValueError) as error:

@@ -21,5 +21,6 @@ def get_config(row: str = "base"):
     config.label_smoothing = preset.label_smoothing
     config.num_train_steps = preset.train_steps
     config.decode.average_last = 1  # Table 3 reports single checkpoints
+    config.decode.split = "validation"  # on the development set, newstest2013
     config.keep_checkpoints = 20
     return config

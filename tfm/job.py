@@ -33,9 +33,11 @@ class LoopConfig:
 
 @dataclasses.dataclass(frozen=True)
 class FinalEvaluation:
-    """Translating and scoring the test split after training (section 6.1)."""
+    """Translating and scoring a held-out split after training (section 6.1; Table 3 scores the
+    validation split, the paper's newstest2013)."""
 
     enabled: bool
+    split: str  # "test" or "validation"
     average_last: int  # checkpoints averaged (1 = the last one)
     num_samples: int  # sentences printed with source, reference and translation
     translate: TranslateConfig  # max_source_len is set from the model when the job is built
@@ -160,8 +162,12 @@ def job_config_from(config) -> JobConfig:
         ),
         "config.decode",
     )
+    split = decode.get("split")
+    if split not in ("test", "validation"):
+        raise ValueError(f"config.decode.split must be 'test' or 'validation', got {split!r}")
     final = FinalEvaluation(
         enabled=decode.boolean("enabled"),
+        split=split,
         average_last=decode.positive_int("average_last"),
         num_samples=decode.non_negative_int("num_samples"),
         translate=translate,

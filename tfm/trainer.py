@@ -230,17 +230,23 @@ def train(job: Job, profile: bool = False) -> dict:
 
 
 def evaluate_translations(job: Job) -> dict:
-    """Average the last checkpoints, translate the test split, score BLEU and the copy floor."""
+    """Average the last checkpoints, translate the held-out split (`decode.split`), score BLEU
+    both ways and the copy floor."""
     final = job.config.final
     params, averaged = ckpt.average_last(job.workdir.root, final.average_last)
-    pairs = job.data.corpus.splits["test"]
+    pairs = job.data.corpus.splits[final.split]
     sources = [s for s, _ in pairs]
     references = [t for _, t in pairs]
-    max_source_len = min(job.model.config.max_positions, 4 * job.config.batches.max_seq_len)
+    fits = translate.max_source_len_for(job.model.config, final.translate.extra_length)
+    max_source_len = min(fits, 4 * job.config.batches.max_seq_len)
     config = dataclasses.replace(final.translate, max_source_len=max_source_len)
     start = time.perf_counter()
     with tqdm(
-        total=len(sources), desc="translate test", unit="sent", file=sys.stderr, dynamic_ncols=True
+        total=len(sources),
+        desc=f"translate {final.split}",
+        unit="sent",
+        file=sys.stderr,
+        dynamic_ncols=True,
     ) as bar:
         hypotheses = translate.translate(
             job.model, jax.device_put(params), job.data.tokenizer, sources, config, bar.update
@@ -248,10 +254,11 @@ def evaluate_translations(job: Job) -> dict:
     seconds = time.perf_counter() - start
     rng = np.random.default_rng(0)
     shown = rng.choice(len(sources), min(final.num_samples, len(sources)), replace=False)
-    job.workdir.translations.write_text("\n".join(hypotheses) + "\n")
+    job.workdir.translations(final.split).write_text("\n".join(hypotheses) + "\n")
     scores = translate.score(hypotheses, references, job.data.spec.target_language, sources)
     return dict(
-        test_sentences=len(sources),
+        split=final.split,
+        sentences=len(sources),
         averaged_steps=averaged,
         beam_size=config.beam_size,
         alpha=config.alpha,
@@ -270,9 +277,9 @@ def train_and_evaluate(
     profile: bool = False,
     start_over: bool = False,
 ) -> dict:
-    """The main job: prepare data, train (resuming), then translate and score the test split.
-    Process 0 holds the workdir's lock throughout; `start_over` first moves a previous run's
-    files aside."""
+    """The main job: prepare data, train (resuming), then translate and score a held-out split
+    (the test split unless `decode.split` says otherwise). Process 0 holds the workdir's lock
+    throughout; `start_over` first moves a previous run's files aside."""
     parallel.initialize_distributed()
     lead = jax.process_index() == 0
     with exclusive(Workdir(workdir)) if lead else contextlib.nullcontext():
@@ -310,7 +317,7 @@ def _run(config: JobConfig, workdir: str | pathlib.Path, profile: bool) -> dict:
     if job.workdir.metrics.is_file() and lead:
         viz.plot_training_curves(job.workdir.metrics, job.workdir.loss_curve)
     if config.final.enabled and lead:
-        result["test"] = evaluate_translations(job)
+        result[config.final.split] = evaluate_translations(job)
     result["wall_seconds"] = time.perf_counter() - wall_start
     if lead:
         results_path.write_text(json.dumps(result, indent=1, default=str))
@@ -327,25 +334,28 @@ def format_report(result: dict) -> str:
             f"({training_info['seconds'] / 60:.1f} min, "
             f"{training_info['target_tokens_per_second']:,.0f} target tokens/s)"
         )
-    test = result.get("test")
-    if test:
+    final = result.get("test") or result.get("validation")
+    if final:
+        split = final["split"]
         lines.append(
-            f"test split: {test['test_sentences']} sentences, beam {test['beam_size']}, "
-            f"alpha {test['alpha']}, averaged checkpoints {test['averaged_steps']}"
+            f"{split} split: {final['sentences']} sentences, beam {final['beam_size']}, "
+            f"alpha {final['alpha']}, checkpoints {final['averaged_steps']}"
+            + (" averaged" if len(final["averaged_steps"]) > 1 else "")
         )
         lines.append(
-            f"sacreBLEU          {test['sacrebleu']['score']:.2f}  "
-            f"({test['sacrebleu']['signature']})"
+            f"{split} sacreBLEU          {final['sacrebleu']['score']:.2f}  "
+            f"({final['sacrebleu']['signature']})"
         )
         lines.append(
-            f"tokenized BLEU     {test['tokenized_bleu']['score']:.2f}  (the paper's way: Moses "
-            "tokens" + (", compounds split)" if test["tokenized_bleu"]["compound_split"] else ")")
+            f"{split} tokenized BLEU     {final['tokenized_bleu']['score']:.2f}  (the paper's way: "
+            "Moses tokens"
+            + (", compounds split)" if final["tokenized_bleu"]["compound_split"] else ")")
         )
         lines.append(
-            f"copy-source floor  {test['copy_source_sacrebleu']['score']:.2f}  "
+            f"{split} copy-source floor  {final['copy_source_sacrebleu']['score']:.2f}  "
             "(sacreBLEU of the untranslated source)"
         )
-        for sample in test["samples"]:
+        for sample in final["samples"]:
             lines.append(
                 f"  SRC {sample['source']}\n  REF {sample['reference']}\n"
                 f"  HYP {sample['translation']}"

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from tfm import decoding, metrics
+from tfm.config import ModelConfig
 from tfm.model import Transformer
 from tfm.tokens import BOS_ID, EOS_ID, PAD_ID
 
@@ -50,6 +51,22 @@ class TranslateConfig:
             raise ValueError(f"extra_length must be an integer, got {self.extra_length!r}")
         if self.extra_length < 0:
             raise ValueError(f"extra_length must be >= 0, got {self.extra_length}")
+
+
+def max_source_len_for(model: ModelConfig, extra_length: int, chunk: int = 8) -> int:
+    """The longest source (EOS included) whose translation fits the model's positions: with a
+    learned table (row E) the decoder needs the padded source length + extra_length positions,
+    rounded up to whole chunks of the search; sinusoids have no table, so `max_positions` only
+    bounds the source."""
+    if model.positional != "learned":
+        return model.max_positions
+    fits = model.max_positions // chunk * chunk - extra_length
+    if fits < 2:
+        raise ValueError(
+            f"ModelConfig.max_positions={model.max_positions} leaves no room for a source when "
+            f"outputs may run {extra_length} tokens past it; lower extra_length"
+        )
+    return fits
 
 
 class OverlongInputError(ValueError):

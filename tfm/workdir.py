@@ -13,7 +13,7 @@ old run aside and never deletes it.
     WORKDIR/metrics.jsonl           one JSON record per log / evaluation
     WORKDIR/tensorboard/            the same scalars for TensorBoard
     WORKDIR/results.json            the finished job's summary (training, final BLEU)
-    WORKDIR/test_translations.txt   the final evaluation's translations
+    WORKDIR/SPLIT_translations.txt  the final evaluation's translations (test or validation)
     WORKDIR/loss_curve.png          training curves
 """
 
@@ -76,9 +76,8 @@ class Workdir:
     def results(self) -> pathlib.Path:
         return self.root / "results.json"
 
-    @property
-    def translations(self) -> pathlib.Path:
-        return self.root / "test_translations.txt"
+    def translations(self, split: str) -> pathlib.Path:
+        return self.root / f"{split}_translations.txt"
 
     @property
     def loss_curve(self) -> pathlib.Path:
@@ -108,7 +107,7 @@ class Workdir:
             self.metrics,
             self.tensorboard,
             self.results,
-            self.translations,
+            *self.root.glob("*_translations.txt"),
             self.loss_curve,
             self.profile,
         ]

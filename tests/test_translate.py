@@ -1,0 +1,71 @@
+"""tfm.translate: every translated sentence fits the model's positions, and the held-out split
+that the final evaluation scores is the configured one."""
+
+import sys
+import warnings
+
+import jax
+import numpy as np
+import pytest
+
+from tests.conftest import tiny_model_config
+from tfm import Transformer, translate
+
+
+class WordTokenizer:
+    """Each word of a fixed list is one id (4, 5, ...); enough to drive translate()."""
+
+    def __init__(self, words):
+        self.ids = {w: i + 4 for i, w in enumerate(words)}
+        self.words = {i: w for w, i in self.ids.items()}
+
+    def encode(self, text):
+        return [self.ids[w] for w in text.split()]
+
+    def decode(self, ids):
+        out = []
+        for token in np.asarray(ids).tolist():
+            if token == 2:
+                break
+            if token > 3:
+                out.append(self.words.get(token, "?"))
+        return " ".join(out)
+
+    def pieces(self, ids):
+        return [self.words.get(int(i), "<s>") for i in ids]
+
+
+def test_a_learned_position_table_fits_every_translated_sentence():
+    config = tiny_model_config(40, positional="learned", max_positions=64)
+    model = Transformer(config)
+    src = np.ones((1, 4), np.int32)
+    params = model.init(jax.random.key(0), src, src)["params"]
+    tokenizer = WordTokenizer([f"w{i}" for i in range(36)])
+    long_source = " ".join(f"w{i % 36}" for i in range(40))  # 41 tokens with EOS
+    limit = translate.max_source_len_for(config, extra_length=50)
+    assert limit == 64 - 50  # 64 positions = source bucket + 50 new tokens
+    fitting = translate.TranslateConfig(max_source_len=limit)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        (out,) = translate.translate(model, params, tokenizer, [long_source], fitting)
+    assert any("truncated to 14" in str(w.message) for w in caught)
+    assert isinstance(out, str)
+    # what the final evaluation did before: sources up to max_positions, which do not fit
+    with pytest.raises(ValueError, match="learned position table"):
+        translate.translate(
+            model, params, tokenizer, [long_source], translate.TranslateConfig(max_source_len=64)
+        )
+
+
+def test_sinusoids_bound_the_source_by_max_positions_only():
+    config = tiny_model_config(40, max_positions=64)
+    assert translate.max_source_len_for(config, extra_length=50) == 64
+
+
+def test_table3_configs_score_the_validation_split():
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    from configs import default, table3
+    from tfm.job import job_config_from
+
+    assert job_config_from(table3.get_config("E")).final.split == "validation"
+    assert job_config_from(default.get_config()).final.split == "test"
