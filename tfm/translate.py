@@ -93,7 +93,7 @@ def encode_sources(tokenizer, texts: Sequence[str], config: TranslateConfig) -> 
     return encoded
 
 
-def search(model: Transformer, params, src: np.ndarray, config: TranslateConfig):
+def run_search(model: Transformer, params, src: np.ndarray, config: TranslateConfig):
     """Greedy (beam_size 1) or beam search over `[batch, src_len]` source ids."""
     if config.beam_size == 1:
         return decoding.greedy_search(model, params, src, extra_length=config.extra_length)
@@ -135,7 +135,7 @@ def translate_ids(
         for r, i in enumerate(chunk):
             batch[r, : len(encoded[i])] = encoded[i]
             batch[r, len(encoded[i])] = EOS_ID
-        ids = np.asarray(search(model, params, batch, config).ids)
+        ids = np.asarray(run_search(model, params, batch, config).ids)
         for r, i in enumerate(chunk):
             outputs[i] = ids[r]
         start += len(chunk)
