@@ -193,3 +193,16 @@ def test_one_program_per_shape():
     before = decoding.greedy_search._cache_size()
     decoding.greedy_search(model, params, SRC[::-1].copy(), extra_length=5)  # new sentences
     assert decoding.greedy_search._cache_size() == before
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_rows_of_padding_are_finished_from_the_start(search):
+    """Rows that only fill a batch generate nothing, and do not keep the loop running."""
+    model, params = _model(0)
+    src = np.concatenate([SRC[:1], np.zeros((1, SRC.shape[1]), np.int32)])
+    if search == "greedy":
+        result = decoding.greedy_search(model, params, src)
+    else:
+        result = decoding.beam_search(model, params, src, beam_size=2)
+    assert int(result.lengths[1]) == 0 and np.all(np.asarray(result.ids[1]) == PAD_ID)
+    assert int(result.lengths[0]) > 0

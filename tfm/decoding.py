@@ -38,9 +38,10 @@ Array = jax.Array
 
 
 def max_output_lengths(src: Array, extra_length: int, max_steps: int) -> Array:
-    """`[batch]` most tokens each sentence may generate: its source length + extra_length."""
+    """`[batch]` most tokens each sentence may generate: its source length + extra_length; 0 for
+    an all-padding row (a row that only fills a batch), which is then finished from the start."""
     src_lengths = jnp.sum(src != PAD_ID, axis=-1)
-    return jnp.minimum(src_lengths + extra_length, max_steps)
+    return jnp.where(src_lengths > 0, jnp.minimum(src_lengths + extra_length, max_steps), 0)
 
 
 def steps_allocated(src_len: int, extra_length: int, chunk: int) -> int:
