@@ -348,6 +348,8 @@ def test_config_values_are_checked_naming_the_key():
         _job_config(warmup_stpes=10)
     with pytest.raises(ValueError, match="config.batch_tokens must be a positive integer"):
         _job_config(batch_tokens=0)
+    with pytest.raises(ValueError, match="config.max_len is now config.max_seq_len"):
+        _job_config(max_len=64)
 
 
 def test_unknown_command_line_key_is_one_line():

@@ -108,10 +108,23 @@ def _valid(build, prefix: str):
         raise ValueError(f"{prefix}: {error}") from None
 
 
+# keys of older config files and their names now
+_RENAMED = {"max_len": "max_seq_len", "model.max_len": "model.max_positions"}
+
+
+def _check_renamed(config) -> None:
+    for old, new in _RENAMED.items():
+        section, _, key = old.rpartition(".")
+        holder = config[section] if section else config
+        if key in holder.keys():
+            raise ValueError(f"config.{old} is now config.{new}; rename it in the config file")
+
+
 def job_config_from(config) -> JobConfig:
     """Read and validate a ConfigDict; ValueError names the first bad key."""
     top = _Reader(config)
     decode = _Reader(top.get("decode"), "config.decode")
+    _check_renamed(config)
     model_dict = dict(top.get("model").to_dict())
     if "vocab_size" in model_dict:
         raise ValueError(
