@@ -12,6 +12,7 @@ in input order as they are done, to an output opened before any work.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import json
@@ -19,6 +20,7 @@ import math
 import pathlib
 import sys
 
+from tfm.data.corpus import decode_lines
 from tfm.translate import TranslateConfig
 
 DEFAULTS = TranslateConfig()
@@ -75,28 +77,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def read_lines(data: bytes, where: str, encoding_errors: str) -> tuple[list[str], int]:
-    """One sentence per line, split on LF only (a CR inside a line belongs to it; a CR before the
-    LF ends a CRLF line). Invalid UTF-8 raises ValueError naming the line, or with
-    `encoding_errors="replace"` becomes U+FFFD; returns the lines and how many were replaced."""
-    raw_lines = data.split(b"\n")
-    if raw_lines and raw_lines[-1] == b"":
-        raw_lines.pop()  # the newline that ends the last line
-    lines, replaced = [], 0
-    for number, raw in enumerate(raw_lines, start=1):
-        raw = raw[:-1] if raw.endswith(b"\r") else raw
-        try:
-            lines.append(raw.decode("utf-8"))
-        except UnicodeDecodeError as error:
-            if encoding_errors != "replace":
-                raise ValueError(
-                    f"{where}, line {number}: invalid UTF-8 at byte {error.start}; fix the input "
-                    "or pass --encoding_errors replace"
-                ) from None
-            lines.append(raw.decode("utf-8", errors="replace"))
-            replaced += 1
-    if lines and lines[0].startswith("\ufeff"):
-        lines[0] = lines[0][1:]
-    return lines, replaced
+    """One sentence per line (`tfm.data.corpus.decode_lines`: LF only, so a lone CR stays inside
+    its line); invalid UTF-8 raises ValueError naming the line, or is replaced. Returns the lines
+    and how many had bytes replaced."""
+    counts: collections.Counter = collections.Counter()
+    lines = decode_lines(
+        data, where, encoding_errors, counts, remedy="pass --encoding_errors replace"
+    )
+    return lines, counts["lines_with_invalid_utf8_replaced"]
 
 
 def _check_numbers(args) -> None:

@@ -64,33 +64,47 @@ def split_pairs(pairs: Iterable[tuple[str, str]], filtered: collections.Counter)
     return Corpus(splits, filtered)
 
 
+def decode_lines(
+    data: bytes,
+    where: str,
+    errors: str = "strict",
+    counts: collections.Counter | None = None,
+    remedy: str = "pass encoding_errors='replace' to substitute U+FFFD",
+) -> list[str]:
+    """UTF-8 lines of `data`, split on LF only: a CR before the LF ends a CRLF line, a CR inside
+    a line belongs to it; a BOM is dropped. Invalid UTF-8 raises CorpusError naming `where` and
+    the line (and `remedy`), unless `errors="replace"`, which substitutes U+FFFD and counts the
+    lines it changed in `counts["lines_with_invalid_utf8_replaced"]`."""
+    raw_lines = data.split(b"\n")
+    if raw_lines and raw_lines[-1] == b"":
+        raw_lines.pop()  # the newline that ends the last line
+    lines = []
+    for number, raw in enumerate(raw_lines, start=1):
+        raw = raw[:-1] if raw.endswith(b"\r") else raw
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            if errors != "replace":
+                raise CorpusError(
+                    f"{where}, line {number}: invalid UTF-8 at byte {error.start} "
+                    f"({raw[max(0, error.start - 10) : error.start + 10]!r}); fix it or {remedy}"
+                ) from None
+            text = raw.decode("utf-8", errors="replace")
+            if counts is not None:
+                counts["lines_with_invalid_utf8_replaced"] += 1
+        lines.append(text)
+    if lines and lines[0].startswith("\ufeff"):
+        lines[0] = lines[0][1:]
+    return lines
+
+
 def _decode_lines(
     path: pathlib.Path, errors: str, counts: collections.Counter | None = None
 ) -> list[str]:
-    """UTF-8 lines without line ends; a BOM is dropped and CRLF accepted. Invalid UTF-8 raises
-    CorpusError naming file and line, unless `errors="replace"`, which substitutes U+FFFD and
-    counts the lines it changed in `counts["lines_with_invalid_utf8_replaced"]`."""
+    """`decode_lines` of a file that must exist."""
     if not path.is_file():
         raise CorpusError(f"{path}: no such file")
-    lines = []
-    with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                if errors != "replace":
-                    raise CorpusError(
-                        f"{path}, line {number}: invalid UTF-8 at byte {error.start} "
-                        f"({raw[max(0, error.start - 10) : error.start + 10]!r}); fix the file "
-                        "or pass encoding_errors='replace' to substitute U+FFFD"
-                    ) from None
-                text = raw.decode("utf-8", errors="replace")
-                if counts is not None:
-                    counts["lines_with_invalid_utf8_replaced"] += 1
-            if number == 1 and text.startswith("\ufeff"):
-                text = text[1:]
-            lines.append(text.rstrip("\r\n"))
-    return lines
+    return decode_lines(path.read_bytes(), str(path), errors, counts)
 
 
 def read_text_pair(source_file: str, target_file: str, encoding_errors: str = "strict") -> Corpus:
