@@ -1,0 +1,149 @@
+"""Run or collect a Table 3 sweep.
+
+    python -m tfm.experiments table3 --workdir runs/table3-mini [--rows A,D,E] [--seeds 1]
+        [--base_seeds 3] [--scale miniature|paper] [--slurm [--sbatch_option=--gres=gpu:8 ...]]
+    python -m tfm.experiments collect --workdir runs/table3-mini
+
+`table3` trains every unfinished row x seed here, one train.py run after another (finished runs
+are read back, interrupted ones resume), then writes the table; with --slurm it writes
+DIR/table3.sbatch (a job array, one task per run) instead of training. `collect` writes
+DIR/table3.json, DIR/table3.md and DIR/table3.png from whatever runs have finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+from tfm.experiments import slurm, table3_report
+from tfm.experiments.sweep import (
+    CONFIG_FILES,
+    ROWS,
+    Run,
+    Settings,
+    Sweep,
+    SweepError,
+    final_perplexity,
+    parse_rows,
+    plan,
+)
+
+
+def _repo() -> pathlib.Path:
+    """The checkout whose train.py and configs/ the runs use (tfm is installed editable)."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    if not (root / "train.py").is_file():
+        raise SweepError(
+            f"no train.py beside the tfm package in {root}; run from a checkout of tfm installed "
+            "with pip install -e"
+        )
+    return root
+
+
+def collect(sweep: Sweep) -> dict:
+    """Read every finished run of the sweep and write table3.json / .md / .png."""
+    runs: dict[str, list[dict]] = {row: [] for row in ROWS}
+    for workdir in sorted((sweep.root / "runs").glob("*/seed*")):
+        row, seed = workdir.parent.name, int(workdir.name.removeprefix("seed"))
+        if row not in runs:
+            continue
+        result = sweep.finished(Run(row, seed))
+        if result is None:
+            print(f"{workdir}: not finished, left out of the table", file=sys.stderr)
+            continue
+        step = result["training"]["step"]
+        runs[row].append(table3_report.run_summary(result, final_perplexity(workdir, step)))
+    rows = table3_report.aggregate(runs)
+    findings = table3_report.judge_findings(rows)
+    scale = sweep.settings.scale
+    title = f"Table 3 ({scale} scale) — tfm beside the paper"
+    table = dict(
+        scale=scale,
+        config_file=CONFIG_FILES[scale],
+        data_dir=sweep.settings.data_dir,
+        overrides=list(sweep.settings.overrides),
+        evaluation="validation split, beam 4, alpha 0.6, last checkpoint (no averaging)",
+        rows=rows,
+        findings=findings,
+        runs={row: summaries for row, summaries in runs.items() if summaries},
+        # the sum of every run's own wall time (training, evaluation, translation)
+        run_wall_seconds=sum(s["wall_seconds"] or 0 for v in runs.values() for s in v),
+    )
+    (sweep.root / "table3.json").write_text(json.dumps(table, indent=1) + "\n")
+    (sweep.root / "table3.md").write_text(table3_report.markdown(rows, findings, title))
+    table3_report.figure(rows, sweep.root / "table3.png", title)
+    return table
+
+
+def _settings_from_manifest(root: pathlib.Path) -> Settings:
+    manifest = root / "sweep.json"
+    if not manifest.is_file():
+        raise SweepError(f"{manifest} not found: {root} is not a sweep directory")
+    found = json.loads(manifest.read_text())
+    return Settings(found["scale"], found["data_dir"], tuple(found["overrides"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tfm.experiments",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("table3", help="run (or write a job array for) a Table 3 sweep")
+    run.add_argument("--workdir", required=True)
+    run.add_argument("--rows", default="all", help=f"all, or rows/groups of {', '.join(ROWS)}")
+    run.add_argument("--seeds", type=int, default=1, help="seeds per row (base: --base_seeds)")
+    run.add_argument("--base_seeds", type=int, default=3)
+    run.add_argument("--scale", default="miniature", choices=sorted(CONFIG_FILES))
+    run.add_argument("--data_dir", default="data", help="prepared data (shared by every run)")
+    run.add_argument("--slurm", action="store_true", help="write DIR/table3.sbatch, train nothing")
+    run.add_argument("--sbatch_option", action="append", default=[], help="an #SBATCH line")
+    run.add_argument(
+        "--override", action="append", default=[], help="--config.KEY=VALUE for every run"
+    )
+    gather = commands.add_parser("collect", help="build the table from finished runs")
+    gather.add_argument("--workdir", required=True)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "collect":
+            root = pathlib.Path(args.workdir).resolve()
+            sweep = Sweep(root, _settings_from_manifest(root), _repo())
+            table = collect(sweep)
+            print((sweep.root / "table3.md").read_text())
+            return 0 if table["rows"] else 1
+        settings = Settings(
+            args.scale, str(pathlib.Path(args.data_dir).resolve()), tuple(args.override)
+        )
+        sweep = Sweep(args.workdir, settings, _repo())
+        runs = plan(parse_rows(args.rows), args.seeds, args.base_seeds)
+        sweep.claim()
+        if args.slurm:
+            script = sweep.root / "table3.sbatch"
+            script.write_text(slurm.job_array(sweep, runs, sys.executable, args.sbatch_option))
+            print(f"wrote {script} ({len(runs)} tasks); submit it with sbatch", file=sys.stderr)
+            return 0
+        start = time.perf_counter()
+        failed = sweep.run_locally(runs)
+        print(
+            f"sweep wall time this invocation: {(time.perf_counter() - start) / 60:.1f} min",
+            file=sys.stderr,
+        )
+        collect(sweep)
+        print((sweep.root / "table3.md").read_text())
+        if failed:
+            print(
+                f"{len(failed)} run(s) failed: {', '.join(r.name for r in failed)}", file=sys.stderr
+            )
+            return 1
+        return 0
+    except SweepError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

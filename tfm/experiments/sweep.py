@@ -1,0 +1,186 @@
+"""A sweep of training jobs: which runs a Table 3 sweep holds, how each one is launched (one
+`train.py` invocation, the same code path a user runs by hand), and reading back finished runs.
+
+A sweep directory holds:
+
+    DIR/sweep.json              the sweep's settings (scale, data dir, overrides); a later
+                                invocation with different settings is refused, never mixed in
+    DIR/runs/ROW/seedS/         one train.py workdir per row and seed
+    DIR/logs/ROW-seedS.log      that run's stdout and stderr
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import subprocess
+import sys
+
+from tfm.config import table3
+
+# config file of each scale, relative to the repository root
+CONFIG_FILES = {"miniature": "configs/table3_mini.py", "paper": "configs/table3.py"}
+ROWS = tuple(table3())
+
+
+class SweepError(RuntimeError):
+    """A sweep that cannot go on as asked; the message says what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What makes two invocations the same sweep."""
+
+    scale: str
+    data_dir: str
+    overrides: tuple[str, ...] = ()  # --config.KEY=VALUE flags given to every run
+
+    def __post_init__(self) -> None:
+        if self.scale not in CONFIG_FILES:
+            raise SweepError(f"--scale must be one of {sorted(CONFIG_FILES)}, got {self.scale!r}")
+        for flag in self.overrides:
+            if not flag.startswith("--config.") or "=" not in flag:
+                raise SweepError(f"override {flag!r} must look like --config.KEY=VALUE")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One row trained with one seed."""
+
+    row: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.row}-seed{self.seed}"
+
+
+def plan(rows: list[str], seeds: int, base_seeds: int) -> list[Run]:
+    """Runs in the paper's row order: `seeds` seeds per row, `base_seeds` for the base row,
+    whose spread decides which differences count."""
+    unknown = [row for row in rows if row not in ROWS]
+    if unknown:
+        raise SweepError(f"--rows: unknown row {unknown[0]!r}; the rows are {', '.join(ROWS)}")
+    if seeds < 1 or base_seeds < 1:
+        raise SweepError("--seeds and --base_seeds must be at least 1")
+    return [
+        Run(row, seed)
+        for row in ROWS
+        if row in rows
+        for seed in range(base_seeds if row == "base" else seeds)
+    ]
+
+
+def parse_rows(text: str) -> list[str]:
+    """ "all", or a comma-separated list of rows and row groups ("A" = A1, A4, A16, A32)."""
+    if text == "all":
+        return list(ROWS)
+    chosen = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        group = [
+            row for row in ROWS if row == item or row.split("_")[0].rstrip("0123456789") == item
+        ]
+        if not group:
+            raise SweepError(
+                f"--rows: unknown row or group {item!r}; the rows are {', '.join(ROWS)}"
+            )
+        chosen += [row for row in group if row not in chosen]
+    return chosen
+
+
+class Sweep:
+    """The sweep directory and the runs in it."""
+
+    def __init__(self, root: str | pathlib.Path, settings: Settings, repo: pathlib.Path):
+        self.root = pathlib.Path(root).resolve()
+        self.settings = settings
+        self.repo = repo
+
+    def workdir(self, run: Run) -> pathlib.Path:
+        return self.root / "runs" / run.row / f"seed{run.seed}"
+
+    def log(self, run: Run) -> pathlib.Path:
+        return self.root / "logs" / f"{run.name}.log"
+
+    def claim(self) -> None:
+        """Write sweep.json, or check that an existing one has the same settings."""
+        manifest = self.root / "sweep.json"
+        wanted = dataclasses.asdict(self.settings)
+        wanted["overrides"] = list(self.settings.overrides)
+        if manifest.is_file():
+            found = json.loads(manifest.read_text())
+            if found != wanted:
+                changed = sorted(k for k in wanted if found.get(k) != wanted[k])
+                raise SweepError(
+                    f"{manifest}: this sweep was started with {changed[0]}="
+                    f"{found.get(changed[0])!r}, not {wanted[changed[0]]!r}; rerun with the same "
+                    "options to continue it, or pick a new --workdir"
+                )
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        manifest.write_text(json.dumps(wanted, indent=1) + "\n")
+
+    def command(self, run: Run, python: str = sys.executable) -> list[str]:
+        """The train.py invocation of one run (what a Slurm task runs too)."""
+        return [
+            python,
+            str(self.repo / "train.py"),
+            f"--config={self.repo / CONFIG_FILES[self.settings.scale]}:{run.row}",
+            f"--workdir={self.workdir(run)}",
+            f"--config.seed={run.seed}",
+            f"--config.data_dir={self.settings.data_dir}",
+            *self.settings.overrides,
+        ]
+
+    def finished(self, run: Run) -> dict | None:
+        """The run's results.json when it trained to its last step and scored the validation
+        split; None otherwise (not started, interrupted, or failed)."""
+        path = self.workdir(run) / "results.json"
+        if not path.is_file():
+            return None
+        result = json.loads(path.read_text())
+        total = result.get("config", {}).get("loop", {}).get("num_train_steps")
+        if result.get("training", {}).get("step") != total or "validation" not in result:
+            return None
+        return result
+
+    def run_locally(self, runs: list[Run]) -> list[Run]:
+        """Train and score every unfinished run, one after another (each resumes from its own
+        checkpoints); returns the runs that failed, whose logs say why."""
+        failed = []
+        for index, run in enumerate(runs, 1):
+            if self.finished(run):
+                print(f"[{index}/{len(runs)}] {run.name}: finished, read back", file=sys.stderr)
+                continue
+            self.log(run).parent.mkdir(parents=True, exist_ok=True)
+            print(
+                f"[{index}/{len(runs)}] {run.name}: training (log: {self.log(run)})",
+                file=sys.stderr,
+                flush=True,
+            )
+            with self.log(run).open("a") as log:
+                code = subprocess.call(
+                    self.command(run), stdout=log, stderr=subprocess.STDOUT, cwd=self.repo
+                )
+            if code != 0 or not self.finished(run):
+                print(
+                    f"  {run.name} failed (exit code {code}); see {self.log(run)}", file=sys.stderr
+                )
+                failed.append(run)
+                if code < 0 or code in (130, 143):  # interrupted: stop the sweep here
+                    break
+        return failed
+
+
+def read_metrics(workdir: pathlib.Path) -> list[dict]:
+    path = workdir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def final_perplexity(workdir: pathlib.Path, step: int) -> float:
+    """Validation perplexity per target piece (unsmoothed NLL) at the run's last step."""
+    evals = [r for r in read_metrics(workdir) if r.get("kind") == "eval" and r["step"] == step]
+    if not evals:
+        raise SweepError(f"{workdir / 'metrics.jsonl'}: no validation record at step {step}")
+    return float(evals[-1]["perplexity"])
