@@ -1,0 +1,214 @@
+"""The Table 3 sweep (`python -m tfm.experiments`): the miniature rows against the paper's row
+definitions, the Slurm job array, the sweep's refusal to mix settings, the section 6.2 verdicts,
+and (slow) a real two-row sweep that a second invocation only reads back."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.e2e_corpus import write_corpus
+from tfm.config import table3
+from tfm.experiments import slurm, table3_report
+from tfm.experiments.sweep import Settings, Sweep, SweepError, parse_rows, plan
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from configs import table3 as paper_config  # noqa: E402
+from configs import table3_mini  # noqa: E402
+
+# what a Table 3 row may change: model fields, label smoothing, training length
+MODEL_FIELDS = (
+    "num_layers",
+    "d_model",
+    "d_ff",
+    "num_heads",
+    "d_k",
+    "d_v",
+    "dropout_rate",
+    "positional",
+)
+
+
+def _paper_values(preset) -> dict:
+    values = {f: getattr(preset.model, f) for f in MODEL_FIELDS}
+    return dict(values, label_smoothing=preset.label_smoothing, train_steps=preset.train_steps)
+
+
+def _config_values(config) -> dict:
+    values = {f: config.model[f] for f in MODEL_FIELDS}
+    return dict(values, label_smoothing=config.label_smoothing, train_steps=config.num_train_steps)
+
+
+def _changes(values: dict, base: dict) -> dict:
+    return {k: v for k, v in values.items() if v != base[k]}
+
+
+def _direction(value, base) -> object:
+    return np.sign(value - base) if isinstance(value, (int, float)) else value
+
+
+@pytest.mark.parametrize("row", list(table3()))
+def test_each_miniature_row_changes_what_its_paper_row_changes(row):
+    paper = table3()
+    paper_base = _paper_values(paper["base"])
+    paper_change = _changes(_paper_values(paper[row]), paper_base)
+    mini_base = _config_values(table3_mini.get_config("base"))
+    mini_change = _changes(_config_values(table3_mini.get_config(row)), mini_base)
+    assert sorted(mini_change) == sorted(paper_change)
+    for field, value in paper_change.items():
+        # the same direction (more or fewer heads, layers, ...) or the same value
+        assert _direction(mini_change[field], mini_base[field]) == _direction(
+            value, paper_base[field]
+        ), field
+        if field in ("dropout_rate", "label_smoothing", "positional"):
+            assert mini_change[field] == value
+        if field == "train_steps":  # the big model trains 3x as long in both
+            assert mini_change[field] / mini_base[field] == value / paper_base[field]
+    mini = table3_mini.get_config(row).model
+    if row.startswith("A"):  # row A keeps h * d_k = d_model
+        assert mini.num_heads * mini.d_k == mini.d_model == mini.num_heads * mini.d_v
+
+
+def test_the_miniature_base_keeps_the_papers_proportions():
+    base = table3_mini.get_config("base").model
+    assert base.d_ff == 4 * base.d_model and base.d_k * base.num_heads == base.d_model
+
+
+def test_paper_scale_rows_are_the_papers_rows():
+    for row, preset in table3().items():
+        config = paper_config.get_config(row)
+        assert _config_values(config) == _paper_values(preset)
+        assert config.decode.split == "validation" and config.decode.average_last == 1
+
+
+def test_rows_and_groups_parse_in_the_papers_order():
+    assert parse_rows("E,A") == ["E", "A1", "A4", "A16", "A32"]
+    assert parse_rows("C")[:3] == ["C_N2", "C_N4", "C_N8"]
+    runs = plan(parse_rows("E,base"), seeds=1, base_seeds=3)
+    assert [r.name for r in runs] == ["base-seed0", "base-seed1", "base-seed2", "E-seed0"]
+    with pytest.raises(SweepError, match="unknown row or group 'F'"):
+        parse_rows("A,F")
+
+
+def test_a_sweep_refuses_other_settings_naming_the_key(tmp_path):
+    first = Settings("miniature", "data", ("--config.num_train_steps=10",))
+    Sweep(tmp_path, first, ROOT).claim()
+    Sweep(tmp_path, first, ROOT).claim()  # the same settings: continue
+    other = Settings("miniature", "data", ("--config.num_train_steps=20",))
+    with pytest.raises(SweepError, match="started with overrides=.*pick a new --workdir"):
+        Sweep(tmp_path, other, ROOT).claim()
+    with pytest.raises(SweepError, match="started with scale="):
+        Sweep(tmp_path, Settings("paper", "data", first.overrides), ROOT).claim()
+    with pytest.raises(SweepError, match="--config.KEY=VALUE"):
+        Settings("miniature", "data", ("num_train_steps=5",))
+
+
+def test_the_job_array_is_valid_bash_and_runs_one_train_py_per_row_and_seed(tmp_path):
+    sweep = Sweep(tmp_path / "sweep", Settings("paper", "/data/wmt"), ROOT)
+    runs = plan(list(table3()), seeds=1, base_seeds=3)
+    # a stand-in python that prints its arguments, so each task's command can be read back
+    echo = tmp_path / "python"
+    echo.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    echo.chmod(0o755)
+    script = tmp_path / "table3.sbatch"
+    script.write_text(slurm.job_array(sweep, runs, str(echo), ["--gres=gpu:8"]))
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    assert f"#SBATCH --array=0-{len(runs) - 1}" in text and "#SBATCH --gres=gpu:8" in text
+    for row in table3():
+        assert f"configs/table3.py:{row} " in text
+    for task, run in enumerate(runs):
+        env = dict(os.environ, SLURM_ARRAY_TASK_ID=str(task))
+        out = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+        assert out.returncode == 0, out.stderr
+        args = out.stdout.splitlines()
+        assert args[0] == str(ROOT / "train.py")
+        assert f"--config={ROOT / 'configs/table3.py'}:{run.row}" in args
+        assert f"--workdir={sweep.workdir(run)}" in args
+        assert f"--config.seed={run.seed}" in args and "--config.data_dir=/data/wmt" in args
+
+
+def _row(name, bleu, ppl, bleu_std=None, ppl_std=None):
+    return dict(
+        row=name,
+        dev_sacrebleu=dict(mean=bleu, std=bleu_std),
+        dev_perplexity=dict(mean=ppl, std=ppl_std),
+    )
+
+
+def test_findings_count_only_differences_beyond_twice_the_base_seed_std():
+    rows = [
+        _row("base", 20.0, 10.0, bleu_std=0.5, ppl_std=0.2),
+        _row("A1", 18.9, 11.0),  # -1.1 < -2 x 0.5: worse, reproduced
+        _row("A16", 20.2, 10.0),
+        _row("A32", 19.5, 10.0),  # -0.7 vs A16: within 1.0, unresolved
+        _row("B16", 21.5, 9.0),  # better by 1.5: the opposite of the claim
+        _row("D_ls0.0", 19.8, 9.0),  # ppl -1.0 (beyond 0.4), bleu -0.2 (within 1.0)
+        _row("E", 20.4, 10.0),  # within 1.0: "nearly identical" reproduced
+    ]
+    verdicts = {f["claim"]: f["verdict"] for f in table3_report.judge_findings(rows)}
+    assert verdicts["single-head attention is worse than the base"] == "reproduced"
+    assert verdicts["too many heads also hurt"] == "not resolved at this scale"
+    assert verdicts["reducing the key size d_k hurts"] == "not reproduced"
+    assert verdicts["label smoothing hurts perplexity but helps BLEU"] == "partly reproduced"
+    assert verdicts["learned positions are nearly identical to sinusoids"] == "reproduced"
+    assert verdicts["bigger models are better"] == "not run"
+
+
+@pytest.mark.slow
+def test_a_two_row_sweep_writes_the_table_and_a_second_run_trains_nothing(tmp_path):
+    source, target = write_corpus(tmp_path / "corpus", pairs=800)
+    args = [
+        sys.executable,
+        "-m",
+        "tfm.experiments",
+        "table3",
+        "--workdir",
+        str(tmp_path / "sweep"),
+        "--rows",
+        "base,E",
+        "--base_seeds",
+        "2",
+        "--data_dir",
+        str(tmp_path / "data"),
+        f"--override=--config.dataset=text:{source},{target}",
+        "--override=--config.vocab_size=400",
+        "--override=--config.max_seq_len=24",
+        "--override=--config.batch_tokens=512",
+        "--override=--config.num_train_steps=8",
+        "--override=--config.eval_every_steps=4",
+        "--override=--config.checkpoint_every_steps=4",
+        "--override=--config.decode.extra_length=8",
+    ]
+    first = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:]
+    sweep = tmp_path / "sweep"
+    table = json.loads((sweep / "table3.json").read_text())
+    assert [r["row"] for r in table["rows"]] == ["base", "E"]
+    base, learned = table["rows"]
+    assert base["seeds"] == [0, 1] and learned["seeds"] == [0]
+    assert learned["settings"]["positional"] == "learned" and learned["paper"]["dev_bleu"] == 25.7
+    for row in table["rows"]:
+        (seed0,) = [r for r in table["runs"][row["row"]] if r["seed"] == 0]
+        results = json.loads((sweep / "runs" / row["row"] / "seed0" / "results.json").read_text())
+        assert seed0["dev_sacrebleu"] == results["validation"]["sacrebleu"]["score"]
+        assert results["validation"]["split"] == "validation"
+        assert (
+            results["validation"]["beam_size"] == 4
+            and len(results["validation"]["averaged_steps"]) == 1
+        )
+    assert "| base |" in (sweep / "table3.md").read_text()
+    assert (sweep / "table3.png").stat().st_size > 10_000
+    checkpoints = sorted(p.stat().st_mtime_ns for p in sweep.glob("runs/*/*/checkpoints/*"))
+
+    again = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stderr.count("finished, read back") == 3 and "training (log" not in again.stderr
+    assert sorted(p.stat().st_mtime_ns for p in sweep.glob("runs/*/*/checkpoints/*")) == checkpoints
+    assert json.loads((sweep / "table3.json").read_text())["rows"] == table["rows"]
