@@ -43,6 +43,10 @@ def base_config() -> ml_collections.ConfigDict:
     config.checkpoint_every_steps = 2000
     config.keep_checkpoints = 20
     config.eval_batches = 0  # 0 = the whole validation split
+    # validation BLEU during training: translate the whole validation split every N steps (0 =
+    # off) with this beam (1 = greedy; alpha and extra length as config.decode) and log sacreBLEU
+    config.eval_bleu_every_steps = 0
+    config.eval_bleu_beam_size = 1
     # parallelism: data | fsdp | tensor | pmap
     config.parallelism = "data"
     config.model_parallel = 1

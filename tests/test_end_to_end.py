@@ -63,6 +63,35 @@ def _digest(workdir) -> dict[int, str]:
     return {int(step): digest for step, digest in rows}
 
 
+def _check_validation_bleu(tmp_path, workdir, records) -> None:
+    """The sacreBLEU logged while training is greedy BLEU of the validation split at that step:
+    recomputed here from the step's checkpoint with the sacrebleu library."""
+    import sacrebleu
+
+    from tfm import translate
+    from tfm.data.prepare import prepare
+    from tfm.workdir import load
+
+    scored = {
+        r["step"]: r["sacrebleu"] for r in records if r["kind"] == "eval" and "sacrebleu" in r
+    }
+    assert sorted(scored) == [200, 400]
+    assert scored[400] > scored[200]
+    loaded = load(workdir, step=400, average=1)
+    data = prepare(
+        f"text:{tmp_path / 'corpus' / 'train.en'},{tmp_path / 'corpus' / 'train.de'}",
+        tmp_path / "data",
+        400,
+    )
+    pairs = data.corpus.splits["validation"]
+    greedy = translate.TranslateConfig(beam_size=1, max_source_len=96)
+    hypotheses = translate.translate(
+        loaded.model, loaded.params, loaded.tokenizer, [s for s, _ in pairs], greedy
+    )
+    expected = sacrebleu.corpus_bleu(hypotheses, [[t for _, t in pairs]]).score
+    assert abs(scored[400] - expected) < 1e-6
+
+
 def test_main_job_trains_checkpoints_translates_and_scores(tmp_path):
     workdir = tmp_path / "run"
     args = _args(
@@ -73,6 +102,7 @@ def test_main_job_trains_checkpoints_translates_and_scores(tmp_path):
             "--config.checkpoint_every_steps=50",
             "--config.eval_every_steps=200",
             "--config.log_every_steps=50",
+            "--config.eval_bleu_every_steps=200",
         ],
     )
     first = _run(args)
@@ -86,6 +116,7 @@ def test_main_job_trains_checkpoints_translates_and_scores(tmp_path):
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if r["kind"] == "train"]
     assert losses[-1] < 0.5 * losses[0]
+    _check_validation_bleu(tmp_path, workdir, records)
     assert list((workdir / "tensorboard").iterdir())
 
     # the same command again: nothing is retrained

@@ -29,6 +29,8 @@ class LoopConfig:
     keep_checkpoints: int
     eval_batches: int  # 0 = the whole validation split
     seed: int
+    eval_bleu_every_steps: int = 0  # 0 = off; else translate the validation split this often
+    eval_bleu_beam_size: int = 1  # 1 = greedy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +167,8 @@ def job_config_from(config) -> JobConfig:
         keep_checkpoints=top.positive_int("keep_checkpoints"),
         eval_batches=top.non_negative_int("eval_batches"),
         seed=batches.seed,
+        eval_bleu_every_steps=top.non_negative_int("eval_bleu_every_steps"),
+        eval_bleu_beam_size=top.positive_int("eval_bleu_beam_size"),
     )
     translate = _valid(
         lambda: TranslateConfig(

@@ -95,9 +95,16 @@ class TrainLog:
 
     def evaluation(self, step: int, values: dict) -> None:
         self.write(dict(kind="eval", step=step, **values))
-        self._bar.write(
+        line = (
             f"step {step}: validation loss {values['loss']:.3f}, "
-            f"perplexity {values['perplexity']:.2f}",
+            f"perplexity {values['perplexity']:.2f}"
+        )
+        if "sacrebleu" in values:
+            beam = values["bleu_beam_size"]
+            search = "greedy" if beam == 1 else f"beam {beam}"
+            line += f", validation sacreBLEU {values['sacrebleu']:.2f} ({search})"
+        self._bar.write(
+            line,
             file=sys.stderr,
         )
 

@@ -151,6 +151,37 @@ def validation_loss(job: Job, state) -> dict[str, float]:
     )
 
 
+def validation_bleu(job: Job, state) -> dict[str, float]:
+    """sacreBLEU of translating the whole validation split with the current parameters (beam
+    `eval_bleu_beam_size`, 1 = greedy), as t2t / fairseq report it while training. Every process
+    translates the same sentences, so no collective is needed beyond gathering the parameters."""
+    params = job.steps.host_state(state).params
+    if jax.process_count() > 1:
+        params = multihost_utils.process_allgather(params, tiled=True)
+    pairs = job.data.corpus.splits["validation"]
+    config = dataclasses.replace(
+        job.config.final.translate,
+        beam_size=job.config.loop.eval_bleu_beam_size,
+        max_source_len=_max_source_len(job),
+    )
+    hypotheses = translate.translate(
+        job.model,
+        jax.device_put(params, jax.local_devices()[0]),
+        job.data.tokenizer,
+        [s for s, _ in pairs],
+        config,
+    )
+    bleu = metrics.sacre_bleu(hypotheses, [t for _, t in pairs])
+    return dict(sacrebleu=bleu["score"], bleu_beam_size=config.beam_size)
+
+
+def _max_source_len(job: Job) -> int:
+    """The longest source translated: what the model's positions allow with the output budget,
+    at most 4x the training length rule."""
+    fits = translate.max_source_len_for(job.model.config, job.config.final.translate.extra_length)
+    return min(fits, 4 * job.config.batches.max_seq_len)
+
+
 def train(job: Job, profile: bool = False) -> dict:
     """Train to num_train_steps, resuming from the workdir's latest checkpoint."""
     loop = job.config.loop
@@ -198,12 +229,18 @@ def train(job: Job, profile: bool = False) -> dict:
                     jax.profiler.stop_trace()
                 # read once: a signal arriving later in this step is handled at the next one
                 stopping = stop.received
-                evaluate_now = due(step, loop.eval_every_steps, total)
+                bleu_now = bool(loop.eval_bleu_every_steps) and due(
+                    step, loop.eval_bleu_every_steps, total
+                )
+                evaluate_now = due(step, loop.eval_every_steps, total) or bleu_now
                 save_now = due(step, loop.checkpoint_every_steps, total) or stopping is not None
                 if due(step, loop.log_every_steps, total) or evaluate_now or save_now:
                     log.flush(learning_rate(step))  # raises before a diverged state is used
                 if evaluate_now:
-                    log.evaluation(step, validation_loss(job, state))
+                    values = validation_loss(job, state)
+                    if bleu_now:
+                        values.update(validation_bleu(job, state))
+                    log.evaluation(step, values)
                 if save_now:
                     save(step)
                 if stopping is not None:
@@ -237,9 +274,7 @@ def evaluate_translations(job: Job) -> dict:
     pairs = job.data.corpus.splits[final.split]
     sources = [s for s, _ in pairs]
     references = [t for _, t in pairs]
-    fits = translate.max_source_len_for(job.model.config, final.translate.extra_length)
-    max_source_len = min(fits, 4 * job.config.batches.max_seq_len)
-    config = dataclasses.replace(final.translate, max_source_len=max_source_len)
+    config = dataclasses.replace(final.translate, max_source_len=_max_source_len(job))
     start = time.perf_counter()
     with tqdm(
         total=len(sources),

@@ -25,7 +25,8 @@ def read_metrics(path: str | pathlib.Path) -> list[dict]:
 
 
 def plot_training_curves(metrics_path: str | pathlib.Path, output: str | pathlib.Path) -> None:
-    """Training loss (label-smoothed and NLL) and validation NLL against step, as a PNG."""
+    """Training loss (label-smoothed and NLL), validation NLL and (when logged) validation
+    sacreBLEU against step, as a PNG."""
     records = read_metrics(metrics_path)
     train = [r for r in records if r.get("kind") == "train"]
     evals = [r for r in records if r.get("kind") == "eval"]
@@ -46,6 +47,18 @@ def plot_training_curves(metrics_path: str | pathlib.Path, output: str | pathlib
     ax.set_ylabel("nats per target token")
     ax.set_title("tfm training")
     ax.grid(alpha=0.3)
+    scored = [r for r in evals if "sacrebleu" in r]
+    if scored:
+        bleu_axis = ax.twinx()
+        bleu_axis.plot(
+            [r["step"] for r in scored],
+            [r["sacrebleu"] for r in scored],
+            "s--",
+            color="C3",
+            label="validation sacreBLEU (right axis)",
+        )
+        bleu_axis.set_ylabel("validation sacreBLEU")
+        bleu_axis.legend(loc="center right")
     ax.legend()
     fig.tight_layout()
     fig.savefig(output)
