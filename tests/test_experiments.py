@@ -175,6 +175,8 @@ def test_a_two_row_sweep_writes_the_table_and_a_second_run_trains_nothing(tmp_pa
         "base,E",
         "--base_seeds",
         "2",
+        "--parallel",
+        "2",
         "--data_dir",
         str(tmp_path / "data"),
         f"--override=--config.dataset=text:{source},{target}",
@@ -209,6 +211,8 @@ def test_a_two_row_sweep_writes_the_table_and_a_second_run_trains_nothing(tmp_pa
 
     again = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stderr.count("finished, read back") == 3 and "training (log" not in again.stderr
+    assert (
+        again.stderr.count("finished, read back") == 3 and "training on cores" not in again.stderr
+    )
     assert sorted(p.stat().st_mtime_ns for p in sweep.glob("runs/*/*/checkpoints/*")) == checkpoints
     assert json.loads((sweep / "table3.json").read_text())["rows"] == table["rows"]

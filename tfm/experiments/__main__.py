@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--base_seeds", type=int, default=3)
     run.add_argument("--scale", default="miniature", choices=sorted(CONFIG_FILES))
     run.add_argument("--data_dir", default="data", help="prepared data (shared by every run)")
+    run.add_argument(
+        "--parallel", type=int, default=1, help="runs at a time, each on its share of the cores"
+    )
     run.add_argument("--slurm", action="store_true", help="write DIR/table3.sbatch, train nothing")
     run.add_argument("--sbatch_option", action="append", default=[], help="an #SBATCH line")
     run.add_argument(
@@ -127,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {script} ({len(runs)} tasks); submit it with sbatch", file=sys.stderr)
             return 0
         start = time.perf_counter()
-        failed = sweep.run_locally(runs)
+        failed = sweep.run_locally(runs, args.parallel)
         print(
             f"sweep wall time this invocation: {(time.perf_counter() - start) / 60:.1f} min",
             file=sys.stderr,

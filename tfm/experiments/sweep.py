@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import subprocess
 import sys
+import time
 
 from tfm.config import table3
 
@@ -145,32 +147,71 @@ class Sweep:
             return None
         return result
 
-    def run_locally(self, runs: list[Run]) -> list[Run]:
-        """Train and score every unfinished run, one after another (each resumes from its own
-        checkpoints); returns the runs that failed, whose logs say why."""
-        failed = []
-        for index, run in enumerate(runs, 1):
+    def run_locally(self, runs: list[Run], parallel: int = 1) -> list[Run]:
+        """Train and score every unfinished run, `parallel` at a time, each pinned to its own
+        share of this machine's cores (small models use two cores poorly; two one-core runs
+        train ~15% more tokens per second in all). Each run resumes from its own checkpoints.
+        Returns the runs that failed; their logs say why."""
+        todo = []
+        for run in runs:
             if self.finished(run):
-                print(f"[{index}/{len(runs)}] {run.name}: finished, read back", file=sys.stderr)
-                continue
-            self.log(run).parent.mkdir(parents=True, exist_ok=True)
-            print(
-                f"[{index}/{len(runs)}] {run.name}: training (log: {self.log(run)})",
-                file=sys.stderr,
-                flush=True,
-            )
-            with self.log(run).open("a") as log:
-                code = subprocess.call(
-                    self.command(run), stdout=log, stderr=subprocess.STDOUT, cwd=self.repo
-                )
-            if code != 0 or not self.finished(run):
-                print(
-                    f"  {run.name} failed (exit code {code}); see {self.log(run)}", file=sys.stderr
-                )
-                failed.append(run)
-                if code < 0 or code in (130, 143):  # interrupted: stop the sweep here
-                    break
+                print(f"{run.name}: finished, read back", file=sys.stderr)
+            else:
+                todo.append(run)
+        # longest first (the paper's step count of the row), so no long run starts last
+        todo.sort(key=lambda run: -table3()[run.row].train_steps)
+        cores = sorted(os.sched_getaffinity(0))
+        if not 1 <= parallel <= len(cores):
+            raise SweepError(f"--parallel must be between 1 and {len(cores)} (the cores here)")
+        lanes = [cores[i::parallel] for i in range(parallel)] if parallel > 1 else [cores]
+        running: dict[int, tuple[Run, subprocess.Popen]] = {}
+        failed = []
+        try:
+            while todo or running:
+                for lane, lane_cores in enumerate(lanes):
+                    if lane not in running and todo:
+                        run = todo.pop(0)
+                        running[lane] = (run, self._start(run, lane_cores))
+                lane = _wait_any({lane: proc for lane, (_, proc) in running.items()})
+                run, proc = running.pop(lane)
+                if proc.returncode != 0 or not self.finished(run):
+                    print(
+                        f"{run.name} failed (exit code {proc.returncode}); see {self.log(run)}",
+                        file=sys.stderr,
+                    )
+                    failed.append(run)
+                else:
+                    print(f"{run.name}: done", file=sys.stderr, flush=True)
+        finally:
+            for _, proc in running.values():  # interrupted: let each run save and stop
+                proc.terminate()
+                proc.wait()
         return failed
+
+    def _start(self, run: Run, cores: list[int]) -> subprocess.Popen:
+        self.log(run).parent.mkdir(parents=True, exist_ok=True)
+        print(
+            f"{run.name}: training on cores {cores} (log: {self.log(run)})",
+            file=sys.stderr,
+            flush=True,
+        )
+        with self.log(run).open("a") as log:
+            return subprocess.Popen(
+                self.command(run),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.repo,
+                preexec_fn=lambda: os.sched_setaffinity(0, cores),
+            )
+
+
+def _wait_any(processes: dict[int, subprocess.Popen]) -> int:
+    """The key of the first process to finish."""
+    while True:
+        for key, proc in processes.items():
+            if proc.poll() is not None:
+                return key
+        time.sleep(1.0)
 
 
 def read_metrics(workdir: pathlib.Path) -> list[dict]:
