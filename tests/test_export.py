@@ -176,6 +176,27 @@ def test_hf_export_translates_scores_and_tokenizes_as_tfm(trained):
         np.testing.assert_allclose(log_probs.numpy(), expected, atol=1e-4)
 
 
+def test_the_readme_recipes_translate_with_both_exports(trained, monkeypatch):
+    from tests.test_readme import _python_blocks
+
+    workdir, sentences, tmp = trained
+    exported = tmp / "readme" / "exported"
+    assert export_main(["ct2", str(workdir), str(exported / "ct2")]) == 0
+    assert export_main(["hf", str(workdir), str(exported / "hf")]) == 0
+    monkeypatch.chdir(tmp / "readme")
+    recipes = _python_blocks("export")
+    assert len(recipes) == 2
+    loaded = load(workdir, average=1)
+    greedy = [loaded.tokenizer.decode(ids) for ids in _tfm_greedy(loaded, sentences)]
+    for recipe in recipes:
+        scope = {"lines": sentences}
+        exec(compile(recipe, "README.md", "exec"), scope)
+        translations = scope["translations"]
+        assert len(translations) == len(sentences) and all(translations)
+        # beam 4 with another length penalty: most sentences still match greedy here
+        assert sum(t == g for t, g in zip(translations, greedy, strict=True)) >= len(greedy) // 2
+
+
 def test_marian_permutation_turns_the_papers_sinusoids_into_marians():
     from tfm.export.weights import sinusoidal_table
 
