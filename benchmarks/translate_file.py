@@ -1,0 +1,182 @@
+"""A real file, end to end: translate a trained workdir's test split (text in, text out,
+tokenization and batching included) with beam 4 through tfm (`tfm.translate`, as decode.py runs
+it) and through its CTranslate2 (float32, int8) and Hugging Face exports (`tfm.export`), in
+interleaved rounds, and print JSON: sentences/s (median over rounds, and tfm's first run with
+compilation counted separately) and each system's test-split sacreBLEU.
+
+    pip install -e '.[export]'
+    python benchmarks/translate_file.py --workdir workdirs/default [--rounds 3] [--out FILE]
+
+Beam search is not the same search in every system: tfm ranks hypotheses by GNMT's length
+penalty (alpha 0.6), CTranslate2 and Hugging Face by log P / |Y| (their default), so their BLEU
+may differ slightly; greedy outputs are identical (tests/test_export.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+BEAM = 4
+
+
+def _systems(workdir: str, exported: str, threads: int, hf_batch: int):
+    """name -> function(list of source lines) -> list of translations."""
+    import ctranslate2
+    import jax
+    import sentencepiece as spm
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from tfm import translate
+    from tfm.export.__main__ import _scored_average
+    from tfm.export.__main__ import main as export
+    from tfm.workdir import load
+
+    loaded_average = _scored_average(pathlib.Path(workdir))
+    loaded = load(workdir, average=loaded_average)
+    config = translate.TranslateConfig(beam_size=BEAM)
+    params = jax.device_put(loaded.params)
+
+    def tfm_translate(lines):
+        return translate.translate(loaded.model, params, loaded.tokenizer, lines, config)
+
+    for target in ("ct2", "hf"):
+        average = ["--average", str(loaded_average)]
+        if export([target, workdir, os.path.join(exported, target), *average]) != 0:
+            raise SystemExit(f"exporting {workdir} to {target} failed")
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(exported, "ct2", "sentencepiece.model"))
+
+    def ct2_system(compute_type):
+        translator = ctranslate2.Translator(
+            os.path.join(exported, "ct2"),
+            device="cpu",
+            compute_type=compute_type,
+            inter_threads=1,
+            intra_threads=threads,
+        )
+
+        def run(lines):
+            pieces = [sp.encode(line, out_type=str) for line in lines]
+            results = translator.translate_batch(
+                pieces,
+                beam_size=BEAM,
+                max_batch_size=32,
+                batch_type="examples",
+                max_decoding_length=256,
+            )
+            return [sp.decode(r.hypotheses[0]) for r in results]
+
+        return run
+
+    torch.set_num_threads(threads)
+    tokenizer = AutoTokenizer.from_pretrained(os.path.join(exported, "hf"))
+    model = AutoModelForSeq2SeqLM.from_pretrained(os.path.join(exported, "hf")).eval()
+
+    @torch.inference_mode()
+    def hf_translate(lines):
+        # sorted by length so that batches pad little, as tfm and CTranslate2 do
+        order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
+        texts = [None] * len(lines)
+        for start in range(0, len(order), hf_batch):
+            chunk = order[start : start + hf_batch]
+            batch = tokenizer([lines[i] for i in chunk], return_tensors="pt", padding=True)
+            generated = model.generate(**batch, num_beams=BEAM, max_new_tokens=256)
+            for i, text in zip(
+                chunk, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True
+            ):
+                texts[i] = text
+        return texts
+
+    return loaded, {
+        "tfm": tfm_translate,
+        "ct2_float32": ct2_system("float32"),
+        "ct2_int8": ct2_system("int8"),
+        "hf_generate": hf_translate,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--workdir", default="workdirs/default")
+    parser.add_argument("--data_dir", default="data")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--limit", type=int, default=0, help="first N sentences only (0 = all)")
+    parser.add_argument("--hf_batch", type=int, default=32)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    from tfm.data.prepare import prepare
+    from tfm.translate import score
+
+    threads = len(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory(prefix="tfm-export-") as exported:
+        loaded, systems = _systems(args.workdir, exported, threads, args.hf_batch)
+        data = prepare(loaded.card.dataset, args.data_dir, loaded.model.config.vocab_size)
+        if data.tokenizer.fingerprint != loaded.tokenizer.fingerprint:
+            raise SystemExit(f"{args.data_dir} holds another vocabulary than {args.workdir}")
+        pairs = data.corpus.splits[args.split]
+        if args.limit:
+            pairs = pairs[: args.limit]
+        sources, references = [s for s, _ in pairs], [t for _, t in pairs]
+        seconds: dict[str, list[float]] = {name: [] for name in systems}
+        outputs: dict[str, list[str]] = {}
+        start = time.perf_counter()
+        outputs["tfm"] = systems["tfm"](sources)
+        first_tfm = time.perf_counter() - start  # compilation included
+        names = list(systems)
+        for round_index in range(args.rounds):
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                start = time.perf_counter()
+                outputs[name] = systems[name](sources)
+                seconds[name].append(time.perf_counter() - start)
+                print(f"round {round_index + 1} {name}: {seconds[name][-1]:.1f} s", file=sys.stderr)
+    target_language = loaded.card.target_language
+    result = dict(
+        date=datetime.datetime.now().isoformat(timespec="seconds"),
+        machine=dict(platform=platform.platform(), cores=threads),
+        workdir=args.workdir,
+        parameters=loaded.description,
+        split=args.split,
+        sentences=len(sources),
+        beam_size=BEAM,
+        rounds=args.rounds,
+        note="sentences/s: median over rounds, text in and text out; sacreBLEU on the split",
+        tfm_first_run_seconds_with_compilation=first_tfm,
+        systems={
+            name: dict(
+                seconds=times,
+                median_seconds=statistics.median(times),
+                sentences_per_second=len(sources) / statistics.median(times),
+                sacrebleu=score(outputs[name], references, target_language)["sacrebleu"]["score"],
+                identical_to_tfm=sum(
+                    a == b for a, b in zip(outputs[name], outputs["tfm"], strict=True)
+                )
+                / len(sources),
+            )
+            for name, times in seconds.items()
+        },
+    )
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as handle:
+            handle.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
