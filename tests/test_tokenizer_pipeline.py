@@ -29,7 +29,7 @@ def trained(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("data")
     pairs = _corpus()
     tok = tokenizer.load_or_train(pairs, "unit-test", 400, data_dir)
-    ids = tokenizer.tokenize_split(pairs, tok, data_dir / "ids" / "train.npz")
+    ids = tokenizer.tokenize_split(pairs, tok, data_dir / "ids" / "train")
     return pairs, tok, ids, data_dir
 
 
@@ -72,7 +72,7 @@ def test_id_cache_matches_tokenizer_and_is_reused(trained):
         def encode_batch(self, texts):
             raise AssertionError("re-tokenized despite the cache")
 
-    cached = tokenizer.tokenize_split(pairs, Exploding(), data_dir / "ids" / "train.npz")
+    cached = tokenizer.tokenize_split(pairs, Exploding(), data_dir / "ids" / "train")
     np.testing.assert_array_equal(cached.src_ids, ids.src_ids)
 
 
@@ -253,3 +253,40 @@ def test_packed_batch_from_the_pipeline_keeps_pairs_apart(trained):
         alone = model.apply(params, np.array([source]), np.array([tgt_in]))
         np.testing.assert_allclose(packed[0, tgt_at : tgt_at + len(tgt_in)], alone[0], atol=1e-5)
         tgt_at += len(tgt_in)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_the_id_cache_is_compact_memory_mapped_and_serves_the_same_batches(trained, pack):
+    _, _, ids, _ = trained
+    assert isinstance(ids.src_ids, np.memmap) and isinstance(ids.tgt_offsets, np.memmap)
+    assert ids.src_ids.dtype == ids.tgt_ids.dtype == np.uint16  # a 400-piece vocabulary
+    in_memory = tokenizer.TokenizedSplit(
+        np.array(ids.src_ids, np.int32),
+        np.array(ids.src_offsets),
+        np.array(ids.tgt_ids, np.int32),
+        np.array(ids.tgt_offsets),
+    )
+    config = batching.BatchConfig(batch_tokens=512, max_seq_len=12, pack=pack, seed=3)
+    mapped, plain = pipeline.BatchPipeline(ids, config), pipeline.BatchPipeline(in_memory, config)
+    assert mapped.plan(1) == plain.plan(1)
+    for rows in mapped.plan(1)[:20]:
+        a, b = mapped.local_batch(rows), plain.local_batch(rows)
+        assert sorted(a) == sorted(b)
+        for key in a:
+            assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key]), key
+
+
+def test_id_dtype_is_the_smallest_that_holds_the_vocabulary():
+    assert tokenizer.id_dtype(65_536) == np.uint16
+    assert tokenizer.id_dtype(65_537) == np.uint32
+
+
+def test_a_half_written_id_cache_is_never_used(trained, tmp_path):
+    pairs, tok, ids, _ = trained
+    path = tmp_path / "ids" / "train"
+    expected = np.array(tokenizer.tokenize_split(pairs, tok, path, key="k").src_ids)
+    (path / "meta.json").unlink()  # as if the writer died before marking it complete
+    (path / "src_ids.npy").write_bytes(b"truncated")
+    rebuilt = tokenizer.tokenize_split(pairs, tok, path, key="k")
+    np.testing.assert_array_equal(rebuilt.src_ids, expected)
+    assert not list(tmp_path.glob("ids/*.partial"))

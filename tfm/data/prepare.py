@@ -78,8 +78,8 @@ def prepare(
     ids = {}
     for split, pairs in corpus.splits.items():
         key = tokenizer.ids_key(vocab, prints[split])
-        path = data_dir / "ids" / f"{vocab.path.stem}-{split}-{key}.npz"
-        caches[f"ids_{split}"] = "reused" if path.is_file() else "built"
+        path = data_dir / "ids" / f"{vocab.path.stem}-{split}-{key}"
+        caches[f"ids_{split}"] = "reused" if (path / "meta.json").is_file() else "built"
         ids[split] = tokenizer.tokenize_split(pairs, vocab, path, key)
     return PreparedData(spec, corpus, vocab, ids, prints, caches)
 

@@ -16,6 +16,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -200,39 +201,72 @@ def _flatten(sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray
     return flat, offsets
 
 
+ID_ARRAYS = ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets")
+
+
+def id_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned integer type that holds every id of the vocabulary."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
 def tokenize_split(
     pairs: Sequence[tuple[str, str]],
     tokenizer,
     cache_path: str | pathlib.Path,
     key: str = "",
 ) -> TokenizedSplit:
-    """Ids of `pairs`, computed once and cached at `cache_path` (.npz) for later epochs and runs.
+    """Ids of `pairs`, computed once and cached at `cache_path` for later epochs and runs.
 
-    `key` names what the ids were built from (see `ids_key`); it is stored in the cache, and a
-    cache with another key, or that does not hold exactly len(pairs) pairs, is rebuilt.
+    The cache is a directory of `.npy` files (ids as `id_dtype`, offsets as int64) plus
+    `meta.json`, read back memory-mapped: every process on a host shares one copy through the
+    page cache and touches only the rows its batches use. `key` names what the ids were built
+    from (see `ids_key`); a cache with another key, or that does not hold exactly len(pairs)
+    pairs, is rebuilt.
     """
     cache_path = pathlib.Path(cache_path)
-    if cache_path.is_file():
-        try:
-            with np.load(cache_path) as data:
-                split = TokenizedSplit(
-                    *(data[k] for k in ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets"))
-                )
-                stored_key = str(data["key"]) if "key" in data else ""
-            if len(split) == len(pairs) and stored_key == key:
-                return split
-        except (OSError, ValueError, KeyError):
-            pass  # unreadable cache: rebuild it below
+    cached = _read_cache(cache_path, key, len(pairs))
+    if cached is not None:
+        return cached
     src_flat, src_offsets = _flatten(tokenizer.encode_batch([s for s, _ in pairs]))
     tgt_flat, tgt_offsets = _flatten(tokenizer.encode_batch([t for _, t in pairs]))
-    split = TokenizedSplit(src_flat, src_offsets, tgt_flat, tgt_offsets)
-    cache_path.parent.mkdir(parents=True, exist_ok=True)
-    # One temporary name per process: processes of a multi-host job build the same cache at
-    # once, and a shared name let one rename away the file another was still writing.
-    partial = cache_path.with_name(f"{cache_path.name}.{os.getpid()}.partial.npz")
-    np.savez(partial, key=np.array(key), **dataclasses.asdict(split))
-    partial.replace(cache_path)
-    return split
+    dtype = id_dtype(tokenizer.vocab_size)
+    arrays = dict(
+        src_ids=src_flat.astype(dtype),
+        src_offsets=src_offsets,
+        tgt_ids=tgt_flat.astype(dtype),
+        tgt_offsets=tgt_offsets,
+    )
+    _write_cache(cache_path, arrays, dict(key=key, pairs=len(pairs), dtype=dtype.name))
+    return _read_cache(cache_path, key, len(pairs)) or TokenizedSplit(**arrays)
+
+
+def _read_cache(path: pathlib.Path, key: str, pairs: int) -> TokenizedSplit | None:
+    """The memory-mapped split at `path`, or None if absent, unreadable or for other pairs."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+        if meta.get("key") != key or meta.get("pairs") != pairs:
+            return None
+        split = TokenizedSplit(*(np.load(path / f"{n}.npy", mmap_mode="r") for n in ID_ARRAYS))
+    except (OSError, ValueError, KeyError):
+        return None
+    return split if len(split) == pairs else None
+
+
+def _write_cache(path: pathlib.Path, arrays: dict, meta: dict) -> None:
+    """Write the cache under a per-process name, then rename it into place: processes of a
+    multi-host job build the same cache at once, and a reader never sees a half-written one."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    for name, array in arrays.items():
+        np.save(partial / f"{name}.npy", array)
+    (partial / "meta.json").write_text(json.dumps(meta))  # written last: marks it complete
+    if path.exists():  # a stale or damaged cache under this name
+        shutil.rmtree(path, ignore_errors=True)
+    try:
+        partial.rename(path)
+    except OSError:  # another process renamed its identical copy first
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def ids_key(tokenizer: Tokenizer, split_fingerprint: str) -> str:
