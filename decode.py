@@ -72,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
         default="strict",
         help="invalid UTF-8 in the input: stop naming the line, or replace it and count",
     )
+    parser.add_argument(
+        "--compilation_cache_dir",
+        default=None,
+        help="persistent JAX compilation cache, so a second run compiles nothing (default: "
+        "$TFM_COMPILATION_CACHE or ~/.cache/tfm/jax; '' = off)",
+    )
     parser.add_argument("sentence", nargs="?", help="the sentence for --plot_attention")
     return parser
 
@@ -134,7 +140,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _translate(args, lines: list[str], output) -> int:
-    from tfm import translate, viz, workdir
+    from tfm import compilation_cache, translate, viz, workdir
+
+    cache = compilation_cache.default_directory()
+    compilation_cache.enable(
+        cache if args.compilation_cache_dir is None else args.compilation_cache_dir
+    )
 
     try:
         loaded = workdir.load(

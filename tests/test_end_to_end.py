@@ -141,6 +141,7 @@ def test_main_job_trains_checkpoints_translates_and_scores(tmp_path):
             str(tmp_path / "ref.txt"),
             "--output",
             str(tmp_path / "out.txt"),
+            f"--compilation_cache_dir={tmp_path / 'jax-cache'}",
         ]
     )
     assert decoded.returncode == 0, decoded.stderr[-3000:]
@@ -148,6 +149,12 @@ def test_main_job_trains_checkpoints_translates_and_scores(tmp_path):
     assert len(lines) == 41 and lines[20] == ""  # input order kept, empty line stays empty
     scores = json.loads(decoded.stderr.strip().splitlines()[-1])
     assert scores["sacrebleu"] > 40 and "nrefs:1" in scores["signature"]
+    # the same command again compiles nothing: every program comes from the persistent cache
+    cached = sorted(p.name for p in (tmp_path / "jax-cache").iterdir())
+    assert cached
+    again = _run(decoded.args)
+    assert again.returncode == 0 and (tmp_path / "out.txt").read_text().splitlines() == lines
+    assert sorted(p.name for p in (tmp_path / "jax-cache").iterdir()) == cached
     picture = tmp_path / "attention.png"
     plotted = _run(
         [
