@@ -137,7 +137,7 @@ def test_the_job_array_is_valid_bash_and_runs_one_train_py_per_row_and_seed(tmp_
 def _row(name, bleu, ppl, bleu_std=None, ppl_std=None):
     return dict(
         row=name,
-        dev_sacrebleu=dict(mean=bleu, std=bleu_std),
+        dev_tokenized_bleu=dict(mean=bleu, std=bleu_std),
         dev_perplexity=dict(mean=ppl, std=ppl_std),
     )
 

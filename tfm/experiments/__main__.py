@@ -73,7 +73,9 @@ def collect(sweep: Sweep) -> dict:
         run_wall_seconds=sum(s["wall_seconds"] or 0 for v in runs.values() for s in v),
     )
     (sweep.root / "table3.json").write_text(json.dumps(table, indent=1) + "\n")
-    (sweep.root / "table3.md").write_text(table3_report.markdown(rows, findings, title))
+    floors = [s["dev_copy_source_sacrebleu"] for v in runs.values() for s in v]
+    floor = floors[0] if floors else None
+    (sweep.root / "table3.md").write_text(table3_report.markdown(rows, findings, title, floor))
     table3_report.figure(rows, sweep.root / "table3.png", title)
     return table
 
