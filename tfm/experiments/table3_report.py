@@ -237,11 +237,14 @@ def figure(rows: list[dict], output: pathlib.Path, title: str) -> None:
         ("dev_perplexity", "dev_perplexity", "dev PPL, % change vs base"),
     )
     for ax, (key, paper_key, label) in zip(axes, panels, strict=True):
-        ours_base, theirs_base = base[key]["mean"], base["paper"][paper_key]
+        # a base that scored 0 (an untrained smoke run) has no % change: nothing is drawn
+        ours_base = base[key]["mean"] or float("nan")
+        theirs_base = base["paper"][paper_key]
         ours = [100 * (by_row[n][key]["mean"] / ours_base - 1) for n in names]
         errors = [100 * (by_row[n][key]["std"] or 0.0) / ours_base for n in names]
         theirs = [100 * (by_row[n]["paper"][paper_key] / theirs_base - 1) for n in names]
         band = 200 * (base[key]["std"] or 0.0) / ours_base
+        band = 0.0 if band != band else band  # NaN
         positions = range(len(names))
         ax.axhspan(-band, band, color="0.85", label="base ± 2 seed std (tfm)")
         ax.errorbar(positions, ours, yerr=errors, fmt="o", color="C0", label="tfm miniature")
