@@ -128,7 +128,7 @@ def main() -> None:
         data = prepare(loaded.card.dataset, args.data_dir, loaded.model.config.vocab_size)
         if data.tokenizer.fingerprint != loaded.tokenizer.fingerprint:
             raise SystemExit(f"{args.data_dir} holds another vocabulary than {args.workdir}")
-        pairs = data.corpus.splits[args.split]
+        pairs = data.texts(args.split)
         if args.limit:
             pairs = pairs[: args.limit]
         sources, references = [s for s, _ in pairs], [t for _, t in pairs]

@@ -83,7 +83,7 @@ def _check_validation_bleu(tmp_path, workdir, records) -> None:
         tmp_path / "data",
         400,
     )
-    pairs = data.corpus.splits["validation"]
+    pairs = data.texts("validation")
     greedy = translate.TranslateConfig(beam_size=1, max_source_len=96)
     hypotheses = translate.translate(
         loaded.model, loaded.params, loaded.tokenizer, [s for s, _ in pairs], greedy

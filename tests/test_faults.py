@@ -53,7 +53,8 @@ def test_an_edited_corpus_rebuilds_vocabulary_and_ids(tmp_path):
     assert edited.caches["vocabulary"] == "built" and edited.caches["ids_train"] == "built"
     assert edited.dataset_fingerprint != first.dataset_fingerprint
     assert edited.tokenizer.path != first.tokenizer.path
-    position = [s for s, _ in edited.corpus.splits["train"]].index(
+    train_pairs = sources.load_corpus(sources.parse_spec(spec)).splits["train"]
+    position = [s for s, _ in train_pairs].index(
         open(src).readlines()[index].strip()
     )
     expected = edited.tokenizer.encode("EDITED ZZZ QQQ")

@@ -16,3 +16,12 @@ def test_importing_tfm_and_its_exporters_loads_no_peer_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_prepare_workers_import_no_jax():
+    """prepare's worker processes import `tfm.data.streaming`: JAX there would cost each worker
+    seconds and hundreds of MB."""
+    code = "import sys, tfm.data.streaming, tfm.data.prepare\nprint('jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"

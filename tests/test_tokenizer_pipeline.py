@@ -4,7 +4,7 @@ import pytest
 
 from tests.conftest import tiny_model_config
 from tfm import Transformer
-from tfm.data import batching, pipeline, tokenizer
+from tfm.data import batching, id_cache, pipeline, tokenizer
 from tfm.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 WORDS = (
@@ -150,9 +150,11 @@ def _synthetic_split(n=5000, seed=0):
     rng = np.random.default_rng(seed)
     src = [rng.integers(4, 100, int(k)).tolist() for k in rng.lognormal(2.0, 0.6, n).clip(1, 60)]
     tgt = [rng.integers(4, 100, max(1, len(s) + int(rng.integers(-2, 3)))).tolist() for s in src]
-    src_ids, src_offsets = tokenizer._flatten(src)
-    tgt_ids, tgt_offsets = tokenizer._flatten(tgt)
-    return tokenizer.TokenizedSplit(src_ids, src_offsets, tgt_ids, tgt_offsets)
+    arrays = []
+    for side in (src, tgt):
+        ids, lengths = id_cache.flatten(side, np.int32)
+        arrays += [ids, np.concatenate([[0], np.cumsum(lengths)])]
+    return id_cache.TokenizedSplit(*arrays)
 
 
 def test_bucketed_padding_is_far_lower_than_unbucketed():
@@ -260,7 +262,7 @@ def test_the_id_cache_is_compact_memory_mapped_and_serves_the_same_batches(train
     _, _, ids, _ = trained
     assert isinstance(ids.src_ids, np.memmap) and isinstance(ids.tgt_offsets, np.memmap)
     assert ids.src_ids.dtype == ids.tgt_ids.dtype == np.uint16  # a 400-piece vocabulary
-    in_memory = tokenizer.TokenizedSplit(
+    in_memory = id_cache.TokenizedSplit(
         np.array(ids.src_ids, np.int32),
         np.array(ids.src_offsets),
         np.array(ids.tgt_ids, np.int32),
@@ -277,8 +279,8 @@ def test_the_id_cache_is_compact_memory_mapped_and_serves_the_same_batches(train
 
 
 def test_id_dtype_is_the_smallest_that_holds_the_vocabulary():
-    assert tokenizer.id_dtype(65_536) == np.uint16
-    assert tokenizer.id_dtype(65_537) == np.uint32
+    assert id_cache.id_dtype(65_536) == np.uint16
+    assert id_cache.id_dtype(65_537) == np.uint32
 
 
 def test_a_half_written_id_cache_is_never_used(trained, tmp_path):

@@ -1,18 +1,35 @@
-"""tfm: the Transformer of "Attention Is All You Need" (Vaswani et al., 2017) in JAX/Flax."""
+"""tfm: the Transformer of "Attention Is All You Need" (Vaswani et al., 2017) in JAX/Flax.
 
-from tfm import attention, config, layers
-from tfm.config import ModelConfig, Preset
-from tfm.model import PAD_ID, DecodeCache, LayerCache, Transformer
+The names below load on first use, so `import tfm.data` (what prepare's worker processes run)
+does not import JAX.
+"""
 
-__all__ = [
-    "attention",
-    "config",
-    "layers",
-    "ModelConfig",
-    "Preset",
-    "Transformer",
-    "DecodeCache",
-    "LayerCache",
-    "PAD_ID",
-]
+import importlib
+
+_EXPORTS = {
+    "attention": ("tfm.attention", None),
+    "config": ("tfm.config", None),
+    "layers": ("tfm.layers", None),
+    "ModelConfig": ("tfm.config", "ModelConfig"),
+    "Preset": ("tfm.config", "Preset"),
+    "Transformer": ("tfm.model", "Transformer"),
+    "DecodeCache": ("tfm.model", "DecodeCache"),
+    "LayerCache": ("tfm.model", "LayerCache"),
+    "PAD_ID": ("tfm.model", "PAD_ID"),
+}
+__all__ = list(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'tfm' has no attribute {name!r}")
+    module_name, attribute = _EXPORTS[name]
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

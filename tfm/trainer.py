@@ -158,7 +158,7 @@ def validation_bleu(job: Job, state) -> dict[str, float]:
     params = job.steps.host_state(state).params
     if jax.process_count() > 1:
         params = multihost_utils.process_allgather(params, tiled=True)
-    pairs = job.data.corpus.splits["validation"]
+    pairs = job.data.texts("validation")
     config = dataclasses.replace(
         job.config.final.translate,
         beam_size=job.config.loop.eval_bleu_beam_size,
@@ -271,7 +271,7 @@ def evaluate_translations(job: Job) -> dict:
     both ways and the copy floor."""
     final = job.config.final
     params, averaged = ckpt.average_last(job.workdir.root, final.average_last)
-    pairs = job.data.corpus.splits[final.split]
+    pairs = job.data.texts(final.split)
     sources = [s for s, _ in pairs]
     references = [t for _, t in pairs]
     config = dataclasses.replace(final.translate, max_source_len=_max_source_len(job))

@@ -2,8 +2,9 @@
 length rule (over-long pairs dropped or truncated), padded lengths chosen to minimise padding,
 each epoch's plan of global batches, and the assembly of one batch's padded arrays.
 
-A plan is a list of global batches, each a list of rows of example positions; it is a pure
-function of (seed, epoch), so serving it (`tfm.data.pipeline`) resumes exactly.
+A plan (`EpochPlan`) is the epoch's global batches, each rows of example positions, held in flat
+arrays; it is a pure function of (seed, epoch), so serving it (`tfm.data.pipeline`) resumes
+exactly.
 
 A batch is a dict of int32 numpy arrays:
   src [rows, L], tgt_in [rows, L] (BOS + target), tgt_out [rows, L] (target + EOS, 0 = ignore);
@@ -19,7 +20,7 @@ from typing import Literal
 
 import numpy as np
 
-from tfm.data.tokenizer import TokenizedSplit
+from tfm.data.id_cache import TokenizedSplit
 from tfm.tokens import BOS_ID, EOS_ID
 
 Batch = dict[str, np.ndarray]
@@ -161,11 +162,74 @@ def bucket_lengths(examples: Examples, config: BatchConfig) -> tuple[int, ...]:
     return optimal_buckets(lengths, config.max_seq_len, config.num_buckets, config.bucket_multiple)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class BatchRows:
+    """The rows of one global batch: row r holds positions into `Examples`
+    members[starts[r]:starts[r+1]] (an empty row is all padding). Slicing gives the rows of one
+    process; iterating gives each row's positions as a list."""
+
+    members: np.ndarray  # int64 [pairs in the batch]
+    starts: np.ndarray  # int64 [rows + 1], starts[0] == 0
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            begin, end, step = index.indices(len(self))
+            if step != 1:
+                raise ValueError("batch rows slice with step 1 only")
+            starts = self.starts[begin : max(begin, end) + 1]
+            return BatchRows(self.members[starts[0] : starts[-1]], starts - starts[0])
+        return self.members[self.starts[index] : self.starts[index + 1]].tolist()
+
+    def __iter__(self):
+        return (self[r] for r in range(len(self)))
+
+    def __eq__(self, other) -> bool:
+        return (
+            isinstance(other, BatchRows)
+            and np.array_equal(self.members, other.members)
+            and np.array_equal(self.starts, other.starts)
+        )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class EpochPlan:
+    """One epoch's global batches in three flat arrays (no Python object per pair): batch b is
+    rows row_starts[batch_starts[b]] ... of `members`, see `BatchRows`."""
+
+    members: np.ndarray  # int64 positions into Examples, batch after batch, row after row
+    row_starts: np.ndarray  # int64 [rows + 1]
+    batch_starts: np.ndarray  # int64 [batches + 1], into rows
+
+    def __len__(self) -> int:
+        return len(self.batch_starts) - 1
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):  # the first batches (an evaluation cap)
+            begin, end, _ = index.indices(len(self))
+            batches = self.batch_starts[begin : max(begin, end) + 1]
+            rows = self.row_starts[batches[0] : batches[-1] + 1]
+            return EpochPlan(self.members[rows[0] : rows[-1]], rows - rows[0], batches - batches[0])
+        first, last = self.batch_starts[index], self.batch_starts[index + 1]
+        starts = self.row_starts[first : last + 1]
+        return BatchRows(self.members[starts[0] : starts[-1]], starts - starts[0])
+
+    def __iter__(self):
+        return (self[b] for b in range(len(self)))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, EpochPlan) and all(
+            np.array_equal(getattr(self, name), getattr(other, name))
+            for name in ("members", "row_starts", "batch_starts")
+        )
+
+
 def plan_epoch(
     examples: Examples, config: BatchConfig, epoch: int, buckets: tuple[int, ...] | None = None
-) -> list[list[list[int]]]:
-    """Global batches of one epoch: batch -> rows -> positions into `examples` (empty row = all
-    padding). A pure function of (config.seed, epoch)."""
+) -> EpochPlan:
+    """Global batches of one epoch. A pure function of (config.seed, epoch)."""
     buckets = buckets or bucket_lengths(examples, config)
     rng = np.random.default_rng([config.seed, epoch])
     order = (
@@ -179,10 +243,17 @@ def plan_epoch(
         batches = _plan_bucketed(order, examples, config, buckets)
     if config.shuffle:
         batches = [batches[i] for i in rng.permutation(len(batches))]
-    return batches
+    members = [m for m, _ in batches]
+    row_sizes = [s for _, s in batches]
+    return EpochPlan(
+        np.concatenate(members or [np.zeros(0, np.int64)]).astype(np.int64),
+        np.concatenate([[0], np.cumsum(np.concatenate(row_sizes or [[]]), dtype=np.int64)]),
+        np.concatenate([[0], np.cumsum([len(s) for s in row_sizes], dtype=np.int64)]),
+    )
 
 
 def _plan_bucketed(order, examples: Examples, config: BatchConfig, buckets):
+    """(members, row sizes) per batch: pairs of one bucket, one per row, in shuffled order."""
     lengths = np.maximum(examples.src_lengths, examples.tgt_lengths)
     buckets = np.asarray(buckets)
     bucket_of = np.searchsorted(buckets, lengths)
@@ -191,33 +262,51 @@ def _plan_bucketed(order, examples: Examples, config: BatchConfig, buckets):
         members = order[bucket_of[order] == b]
         rows = config.rows_for(int(length))
         for start in range(0, len(members), rows):
-            chunk = members[start : start + rows].tolist()
-            batches.append([[i] for i in chunk] + [[] for _ in range(rows - len(chunk))])
+            chunk = members[start : start + rows]
+            sizes = np.zeros(rows, np.int64)
+            sizes[: len(chunk)] = 1
+            batches.append((chunk, sizes))
     return batches
 
 
-def _plan_packed(order, examples: Examples, config: BatchConfig):
-    """First-fit packing into rows of max_seq_len tokens per side, in shuffled order."""
+def _plan_packed(order, examples: Examples, config: BatchConfig, block: int = 1 << 16):
+    """(members, row sizes) per batch: first-fit packing into rows of max_seq_len tokens per
+    side, in shuffled order, searching the 64 most recently opened rows."""
     rows_per_batch = config.rows_for(config.max_seq_len)
-    rows: list[list[int]] = []
-    used: list[tuple[int, int]] = []
+    limit = config.max_seq_len
+    row_of = np.empty(len(order), np.int64)  # the row each position in `order` went to
+    used_src: list[int] = []
+    used_tgt: list[int] = []
     open_rows: list[int] = []  # rows with space left, most recent last (bounded search)
-    for i in order.tolist():
-        s, t = int(examples.src_lengths[i]), int(examples.tgt_lengths[i])
-        for r in open_rows:
-            if used[r][0] + s <= config.max_seq_len and used[r][1] + t <= config.max_seq_len:
-                rows[r].append(i)
-                used[r] = (used[r][0] + s, used[r][1] + t)
-                break
-        else:
-            rows.append([i])
-            used.append((s, t))
-            open_rows.append(len(rows) - 1)
-            if len(open_rows) > 64:
-                open_rows.pop(0)
-    batches = [rows[k : k + rows_per_batch] for k in range(0, len(rows), rows_per_batch)]
-    if batches:
-        batches[-1] = batches[-1] + [[] for _ in range(rows_per_batch - len(batches[-1]))]
+    for begin in range(0, len(order), block):  # Python ints for one block at a time
+        part = order[begin : begin + block]
+        src_part = examples.src_lengths[part].tolist()
+        tgt_part = examples.tgt_lengths[part].tolist()
+        for k, (s, t) in enumerate(zip(src_part, tgt_part, strict=True)):
+            for r in open_rows:
+                if used_src[r] + s <= limit and used_tgt[r] + t <= limit:
+                    used_src[r] += s
+                    used_tgt[r] += t
+                    row_of[begin + k] = r
+                    break
+            else:
+                row_of[begin + k] = len(used_src)
+                open_rows.append(len(used_src))
+                used_src.append(s)
+                used_tgt.append(t)
+                if len(open_rows) > 64:
+                    open_rows.pop(0)
+    by_row = np.argsort(row_of, kind="stable")  # rows in opening order, members as added
+    members = order[by_row]
+    sizes = np.bincount(row_of, minlength=len(used_src)).astype(np.int64)
+    ends = np.cumsum(sizes)
+    batches = []
+    for first in range(0, len(sizes), rows_per_batch):
+        batch_sizes = np.zeros(rows_per_batch, np.int64)
+        part = sizes[first : first + rows_per_batch]
+        batch_sizes[: len(part)] = part
+        begin = int(ends[first - 1]) if first else 0
+        batches.append((members[begin : begin + int(part.sum())], batch_sizes))
     return batches
 
 
@@ -232,15 +321,19 @@ def _segment_ranges(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def assemble_batch(
     split: TokenizedSplit,
     examples: Examples,
-    rows: Sequence[Sequence[int]],
+    rows: BatchRows | Sequence[Sequence[int]],
     length: int,
     packed: bool,
 ) -> Batch:
-    """Padded int32 arrays for `rows` (each a list of positions into `examples`), built with
-    vectorised gathers from the flat id cache."""
+    """Padded int32 arrays for `rows` (`BatchRows`, or lists of positions into `examples`),
+    built with vectorised gathers from the flat id cache."""
+    if not isinstance(rows, BatchRows):
+        sizes = np.fromiter(map(len, rows), np.int64, count=len(rows))
+        members = np.fromiter((m for row in rows for m in row), np.int64, count=int(sizes.sum()))
+        rows = BatchRows(members, np.concatenate([[0], np.cumsum(sizes)]))
     n = len(rows)
-    members = np.fromiter((m for row in rows for m in row), np.int64)
-    row_of = np.repeat(np.arange(n), [len(row) for row in rows])
+    members = rows.members
+    row_of = np.repeat(np.arange(n), np.diff(rows.starts))
     batch = dict(
         src=np.zeros((n, length), np.int32),
         tgt_in=np.zeros((n, length), np.int32),

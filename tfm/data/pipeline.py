@@ -8,7 +8,7 @@ one shape at every step.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import grain
 import numpy as np
@@ -16,12 +16,14 @@ import numpy as np
 from tfm.data.batching import (
     Batch,
     BatchConfig,
+    BatchRows,
+    EpochPlan,
     assemble_batch,
     bucket_lengths,
     plan_epoch,
     select_examples,
 )
-from tfm.data.tokenizer import TokenizedSplit
+from tfm.data.id_cache import TokenizedSplit
 
 
 class _EpochBatches(grain.MapDataset):
@@ -67,28 +69,25 @@ class BatchPipeline:
         if len(self.examples.indices) == 0:
             raise ValueError("no pair survives the length filter; raise max_seq_len")
         self.buckets = bucket_lengths(self.examples, config)
-        self._plans: dict[int, list] = {}
+        self._plans: dict[int, EpochPlan] = {}
 
-    def plan(self, epoch: int) -> list[list[list[int]]]:
+    def plan(self, epoch: int) -> EpochPlan:
         if epoch not in self._plans:
             self._plans = {epoch: plan_epoch(self.examples, self.config, epoch, self.buckets)}
         return self._plans[epoch]
 
-    def row_length(self, rows: Sequence[Sequence[int]]) -> int:
+    def row_length(self, rows: BatchRows) -> int:
         """The bucket length of a batch (its longest member's bucket)."""
         if self.config.pack:
             return self.config.max_seq_len
+        firsts = rows.members[rows.starts[:-1][np.diff(rows.starts) > 0]]
         longest = max(
-            (
-                max(self.examples.src_lengths[m[0]], self.examples.tgt_lengths[m[0]])
-                for m in rows
-                if m
-            ),
-            default=1,
+            int(self.examples.src_lengths[firsts].max(initial=1)),
+            int(self.examples.tgt_lengths[firsts].max(initial=1)),
         )
         return self.buckets[int(np.searchsorted(self.buckets, longest))]
 
-    def local_batch(self, rows: Sequence[Sequence[int]]) -> Batch:
+    def local_batch(self, rows: BatchRows) -> Batch:
         """This process's contiguous slice of a global batch's rows, assembled."""
         per_process = len(rows) // self.process_count
         mine = rows[self.process_index * per_process : (self.process_index + 1) * per_process]

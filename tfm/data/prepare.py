@@ -2,33 +2,52 @@
 
 Reads the corpus (building the TFDS dataset for gettext), trains or loads the shared
 SentencePiece vocabulary, tokenizes every split into the id cache, and prints a summary: pairs
-per split and how many were filtered, by reason.
+per split and how many were filtered, by reason. Streams in bounded memory on every core, and
+an interrupted run continues where it stopped.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import hashlib
+import itertools
 import json
 import pathlib
 import sys
 
-from tfm.data import batching, sources, tokenizer
-from tfm.data.corpus import SPLITS, Corpus, CorpusError, fingerprint
+from tqdm import tqdm
+
+from tfm.data import batching, id_cache, sources, streaming, tokenizer
+from tfm.data.corpus import SPLITS, CorpusError
 from tfm.data.gettext_catalogs import CatalogError
+
+CHUNK_RECORDS = 20_000  # lines (records) per chunk: a few MB of text and of ids
 
 
 @dataclasses.dataclass
 class PreparedData:
-    """A corpus ready for batching: the spec, raw pairs, vocabulary and ids of each split."""
+    """A corpus ready for batching: the spec, vocabulary, and each split's ids (memory-mapped),
+    pair counts and content fingerprint; the held-out splits' texts on request (`texts`)."""
 
     spec: sources.SourceSpec
-    corpus: Corpus
     tokenizer: tokenizer.Tokenizer
-    ids: dict[str, tokenizer.TokenizedSplit]
+    ids: dict[str, id_cache.TokenizedSplit]
+    id_paths: dict[str, pathlib.Path]
+    sizes: dict[str, int]  # pairs per split
+    filtered: collections.Counter  # what reading dropped or changed, by reason
     fingerprints: dict[str, str]  # SHA-256 of each split's text (`corpus.fingerprint`)
     caches: dict[str, str]  # vocabulary and each split's ids: "built" or "reused"
+
+    def texts(self, split: str) -> list[tuple[str, str]]:
+        """(source, reference) texts of a held-out split, as the corpus has them."""
+        if split not in streaming.HELD_OUT:
+            raise ValueError(
+                f"only held-out splits keep their text, not {split!r}; read the corpus with "
+                "tfm.data.sources.load_corpus"
+            )
+        return id_cache.texts(self.id_paths[split])
 
     @property
     def dataset_fingerprint(self) -> str:
@@ -46,8 +65,8 @@ class PreparedData:
             direction=f"{self.spec.source_language}->{self.spec.target_language}",
             vocabulary=str(self.tokenizer.path),
             vocab_size=self.tokenizer.vocab_size,
-            pairs={split: len(pairs) for split, pairs in self.corpus.splits.items()},
-            counted_while_reading=dict(self.corpus.filtered),
+            pairs=dict(self.sizes),
+            counted_while_reading=dict(self.filtered),
             dataset_fingerprint=self.dataset_fingerprint,
             caches=self.caches,
         )
@@ -60,34 +79,116 @@ class PreparedData:
         return report
 
 
+@dataclasses.dataclass
+class _Scan:
+    sizes: dict[str, int]
+    fingerprints: dict[str, str]
+    filtered: collections.Counter
+
+
 def prepare(
-    spec: str | sources.SourceSpec, data_dir: str | pathlib.Path, vocab_size: int, **reader_options
+    spec: str | sources.SourceSpec,
+    data_dir: str | pathlib.Path,
+    vocab_size: int,
+    workers: int | None = None,
+    chunk_records: int = CHUNK_RECORDS,
+    **reader_options,
 ) -> PreparedData:
-    """Everything `train.py` and `decode.py` need from the data dir, built if missing."""
+    """Everything `train.py` and `decode.py` need from the data dir, built if missing.
+
+    Streams the corpus in chunks of `chunk_records` lines through `workers` processes (default:
+    every core this process may use), in memory that does not grow with the corpus: a scan
+    (pair counts, fingerprints), the vocabulary's training text if it is not cached
+    (SentencePiece keeps a bounded sample), and the encoding into resumable per-chunk files
+    joined into each split's memory-mapped id cache (`tfm.data.id_cache`)."""
     if isinstance(spec, str):
         spec = sources.parse_spec(spec)
     data_dir = pathlib.Path(data_dir)
-    corpus = sources.load_corpus(spec, data_dir, **reader_options)
-    _check_splits(spec, corpus)
-    prints = {split: fingerprint(pairs) for split, pairs in corpus.splits.items()}
-    vocab_path = tokenizer.vocabulary_path(data_dir, spec.slug, vocab_size, prints["train"])
-    caches = {"vocabulary": "reused" if vocab_path.is_file() else "built"}
-    vocab = tokenizer.load_or_train(
-        corpus.splits["train"], spec.slug, vocab_size, data_dir, prints["train"]
+    workers = workers or streaming.available_cores()
+
+    def chunks():
+        return sources.corpus_chunks(spec, data_dir, chunk_records, **reader_options)
+
+    with streaming.ChunkMap(workers) as chunk_map:
+        scan = _scan(chunk_map, chunks())
+        _check_splits(spec, scan.sizes)
+        train_print = scan.fingerprints["train"]
+        vocab_path = tokenizer.vocabulary_path(data_dir, spec.slug, vocab_size, train_print)
+        caches = {"vocabulary": "reused" if vocab_path.is_file() else "built"}
+        if not vocab_path.is_file():
+            texts = itertools.chain.from_iterable(chunk_map(streaming.training_texts, chunks()))
+            tokenizer.train_tokenizer(texts, vocab_size, vocab_path)
+        vocab = tokenizer.Tokenizer(vocab_path)
+        keys = {split: tokenizer.ids_key(vocab, scan.fingerprints[split]) for split in SPLITS}
+        paths = {
+            split: data_dir / "ids" / f"{vocab.path.stem}-{split}-{keys[split]}" for split in SPLITS
+        }
+        ids = {
+            split: id_cache.read(paths[split], keys[split], scan.sizes[split]) for split in SPLITS
+        }
+        missing = [split for split in SPLITS if ids[split] is None]
+        for split in SPLITS:
+            caches[f"ids_{split}"] = "built" if split in missing else "reused"
+        if missing:
+            store_key = hashlib.sha256(
+                f"{vocab.fingerprint}:{sorted(scan.fingerprints.items())}:{chunk_records}".encode()
+            ).hexdigest()[:16]
+            store = id_cache.ChunkStore(data_dir / "ids" / f"{vocab.path.stem}-{store_key}.chunks")
+            count = _encode(chunk_map, chunks(), vocab, store)
+            for split in missing:
+                held_out = split in streaming.HELD_OUT
+                ids[split] = store.finish(split, count, paths[split], keys[split], held_out)
+                if len(ids[split]) != scan.sizes[split]:
+                    raise CorpusError(
+                        f"{spec.name}: the {split} split changed while it was being prepared "
+                        f"({scan.sizes[split]} pairs, then {len(ids[split])}); run prepare again"
+                    )
+            store.remove()
+    return PreparedData(
+        spec, vocab, ids, paths, scan.sizes, scan.filtered, scan.fingerprints, caches
     )
-    ids = {}
-    for split, pairs in corpus.splits.items():
-        key = tokenizer.ids_key(vocab, prints[split])
-        path = data_dir / "ids" / f"{vocab.path.stem}-{split}-{key}"
-        caches[f"ids_{split}"] = "reused" if (path / "meta.json").is_file() else "built"
-        ids[split] = tokenizer.tokenize_split(pairs, vocab, path, key)
-    return PreparedData(spec, corpus, vocab, ids, prints, caches)
 
 
-def _check_splits(spec: sources.SourceSpec, corpus: Corpus) -> None:
+def _scan(chunk_map: streaming.ChunkMap, chunks) -> _Scan:
+    """Pairs per split, fingerprints and filter counts, in one pass."""
+    sizes = dict.fromkeys(SPLITS, 0)
+    digests = {split: hashlib.sha256() for split in SPLITS}
+    filtered: collections.Counter = collections.Counter()
+    progress = tqdm(desc="prepare: scan", unit=" chunks", file=sys.stderr, disable=None)
+    for chunk_sizes, feeds, counts in chunk_map(streaming.scan_chunk, chunks):
+        for split in SPLITS:
+            sizes[split] += chunk_sizes[split]
+            digests[split].update(feeds[split])
+        filtered.update(counts)
+        progress.update()
+    progress.close()
+    prints = {split: digest.hexdigest() for split, digest in digests.items()}
+    return _Scan(sizes, prints, +filtered)
+
+
+def _encode(chunk_map: streaming.ChunkMap, chunks, vocab, store: id_cache.ChunkStore) -> int:
+    """Encode every chunk not already in `store` (an interrupted prepare resumes here); returns
+    the number of chunks."""
+    count = 0
+
+    def tasks():
+        nonlocal count
+        for index, chunk in enumerate(chunks):
+            count = index + 1
+            if not store.has(index):
+                yield index, chunk, str(vocab.path)
+
+    progress = tqdm(desc="prepare: encode", unit=" chunks", file=sys.stderr, disable=None)
+    for index, arrays in chunk_map(streaming.encode_chunk, tasks()):
+        store.put(index, arrays)
+        progress.update()
+    progress.close()
+    return count
+
+
+def _check_splits(spec: sources.SourceSpec, sizes: dict[str, int]) -> None:
     """Every split must hold pairs: training needs the training split, the validation loss and
     the final BLEU need the other two."""
-    sizes = {split: len(corpus.splits.get(split, ())) for split in SPLITS}
     empty = [split for split, size in sizes.items() if size == 0]
     if empty:
         raise CorpusError(
@@ -107,6 +208,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--source_language")
     parser.add_argument("--target_language")
     parser.add_argument("--encoding_errors", choices=("strict", "replace"), default="strict")
+    parser.add_argument(
+        "--workers", type=int, help="processes that read and encode (default: every core)"
+    )
     args = parser.parse_args(argv)
     try:
         spec = sources.parse_spec(args.spec, args.source_language, args.target_language)
@@ -124,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
 def _prepare_or_build(spec: sources.SourceSpec, args) -> PreparedData:
     options = {} if spec.kind in ("tfds", "gettext") else dict(encoding_errors=args.encoding_errors)
     try:
-        return prepare(spec, args.data_dir, args.vocab_size, **options)
+        return prepare(spec, args.data_dir, args.vocab_size, args.workers, **options)
     except CorpusError as error:
         if spec.kind != "tfds" or "is not prepared" not in str(error):
             raise
@@ -132,7 +236,7 @@ def _prepare_or_build(spec: sources.SourceSpec, args) -> PreparedData:
 
     print(f"first use of {spec.name}: building it under {args.data_dir}", file=sys.stderr)
     tfds_sources.prepare_dataset(spec.argument, args.data_dir)
-    return prepare(spec, args.data_dir, args.vocab_size, **options)
+    return prepare(spec, args.data_dir, args.vocab_size, args.workers, **options)
 
 
 if __name__ == "__main__":

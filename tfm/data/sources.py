@@ -16,10 +16,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import pathlib
+from collections.abc import Iterator
 
 from tfm.data import corpus as plain
 from tfm.data import gettext_catalogs
-from tfm.data.corpus import Corpus
+from tfm.data.corpus import Corpus, RawChunk
 
 KINDS = ("tfds", "gettext", "text", "tsv")
 
@@ -103,4 +104,32 @@ def load_corpus(
         return tfds_sources.read_gettext(spec.target_language, data_dir, locale_dir)
     return tfds_sources.read_dataset(
         spec.argument, spec.source_language, spec.target_language, data_dir
+    )
+
+
+def corpus_chunks(
+    spec: SourceSpec,
+    data_dir: str | pathlib.Path | None,
+    records: int,
+    locale_dir: str | pathlib.Path = gettext_catalogs.DEFAULT_LOCALE_DIR,
+    encoding_errors: str = "strict",
+) -> Iterator[RawChunk]:
+    """The corpus named by `spec` as chunks of `records` lines or records, in a fixed order (the
+    same chunks on every call): what `tfm.data.prepare` streams through worker processes."""
+    if spec.kind == "text":
+        source_file, target_file = spec.argument.split(",")
+        yield from plain.text_pair_chunks(source_file, target_file, records, encoding_errors)
+        return
+    if spec.kind == "tsv":
+        yield from plain.tsv_chunks(spec.argument, records, encoding_errors)
+        return
+
+    from tfm.data import tfds_sources
+
+    if spec.kind == "gettext":  # a few thousand messages: read whole, served in chunks
+        corpus = tfds_sources.read_gettext(spec.target_language, data_dir, locale_dir)
+        yield from plain.pair_chunks(spec.name, corpus.splits, records, corpus.filtered)
+        return
+    yield from tfds_sources.dataset_chunks(
+        spec.argument, spec.source_language, spec.target_language, data_dir, records
     )

@@ -11,11 +11,12 @@ import collections
 import pathlib
 import shutil
 import sys
+from collections.abc import Iterator
 
 import tensorflow_datasets as tfds
 
 from tfm.data import gettext_catalogs
-from tfm.data.corpus import SPLITS, Corpus, CorpusError, split_pairs
+from tfm.data.corpus import SPLITS, Corpus, CorpusError, RawChunk, merge, parse_chunk, split_pairs
 
 # keys of the gettext dataset's metadata: what reading the catalogs filtered (stored with the
 # prepared data instead of being recomputed from the catalogs), and which catalogs it was built
@@ -89,10 +90,10 @@ def gettext_builder(
     )
 
 
-def read_records(data_source, source_language: str, target_language: str) -> list[tuple[str, str]]:
-    """(source, target) strings from one split of a TFDS data source of `{lang: text}` records."""
+def read_records(records, source_language: str, target_language: str) -> list[tuple[str, str]]:
+    """(source, target) strings from `{lang: text}` records (a TFDS data source or a part)."""
     pairs = []
-    for record in data_source:
+    for record in records:
         source, target = record[source_language], record[target_language]
         pairs.append(
             (
@@ -146,9 +147,21 @@ def read_dataset(
     data_dir: str | pathlib.Path | None = None,
 ) -> Corpus:
     """Every split of a prepared TFDS translation dataset such as `wmt14_translate/de-en`."""
-    _register_translation_datasets()
+    chunks = dataset_chunks(name, source_language, target_language, data_dir, 1 << 62)
+    return merge(map(parse_chunk, chunks))
 
-    def read_split(split: str) -> list[tuple[str, str]]:
+
+def dataset_chunks(
+    name: str,
+    source_language: str,
+    target_language: str,
+    data_dir: str | pathlib.Path | None,
+    records: int,
+) -> Iterator[RawChunk]:
+    """A prepared TFDS translation dataset in chunks of `records` records, split after split,
+    read in bounded memory (random access into the array_record files)."""
+    _register_translation_datasets()
+    for split in SPLITS:
         try:
             source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
         except Exception as error:  # TFDS raises several types for "not prepared"
@@ -158,9 +171,10 @@ def read_dataset(
                 f"{str(error)[:200]}). Prepare it once with: pip install -e '.[wmt]' && "
                 f"python -m tfm.data.prepare tfds:{name} --data_dir DIR"
             ) from error
-        return read_records(source, source_language, target_language)
-
-    return Corpus({split: read_split(split) for split in SPLITS})
+        for start in range(0, len(source), records):
+            part = (source[i] for i in range(start, min(start + records, len(source))))
+            pairs = read_records(part, source_language, target_language)
+            yield RawChunk("pairs", (name,), start, (split, pairs))
 
 
 def prepare_dataset(name: str, data_dir: str | pathlib.Path) -> None:

@@ -1,6 +1,6 @@
 """Text -> ids, once: one SentencePiece BPE vocabulary shared by source and target (section 5.1),
 trained once on the training split and cached in the data dir under a key of corpus and
-settings, and the id cache that holds every split's token ids (`TokenizedSplit`).
+settings; `tokenize_split` fills the id cache (`tfm.data.id_cache`) from pairs in memory.
 
 Special ids (`tfm.tokens`): 0 pad, 1 BOS, 2 EOS, 3 unk. Normalisation is the identity and bytes
 fall back to byte pieces, so decode(encode(text)) == text for any text.
@@ -8,7 +8,6 @@ fall back to byte pieces, so decode(encode(text)) == text for any text.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import io
@@ -16,12 +15,12 @@ import json
 import os
 import pathlib
 import re
-import shutil
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
 
+from tfm.data import id_cache
 from tfm.data.corpus import CorpusError, fingerprint
 from tfm.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -36,10 +35,11 @@ TRAINER_SETTINGS = dict(
     bos_id=BOS_ID,
     eos_id=EOS_ID,
     unk_id=UNK_ID,
-    input_sentence_size=4_000_000,
+    input_sentence_size=2_000_000,  # a uniform sample of 1M pairs: memory flat beyond that
     shuffle_input_sentence=True,
     max_sentence_length=16_384,
     hard_vocab_limit=False,
+    num_threads=2,  # fixed: SentencePiece's merges depend on it, the vocabulary must not
 )
 
 
@@ -79,8 +79,8 @@ class Tokenizer:
         """Ids of `text`, without BOS/EOS."""
         return self._processor.encode(text)
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self._processor.encode(list(texts), num_threads=2)
+    def encode_batch(self, texts: Sequence[str], threads: int = 2) -> list[list[int]]:
+        return self._processor.encode(list(texts), num_threads=threads)
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of `ids`, stopping at the first EOS and ignoring pad and BOS."""
@@ -130,7 +130,6 @@ def train_tokenizer(
             model_writer=buffer,
             vocab_size=vocab_size,
             seed_sentencepiece_size=seed_sentencepiece_size,
-            num_threads=2,
             minloglevel=2,
             **TRAINER_SETTINGS,
         )
@@ -143,7 +142,7 @@ def train_tokenizer(
                 "--config.vocab_size) well above that"
             ) from None
         raise CorpusError(f"SentencePiece could not train a vocabulary: {error}") from None
-    partial = model_path.with_suffix(f".{os.getpid()}.partial")  # per process: see tokenize_split
+    partial = model_path.with_suffix(f".{os.getpid()}.partial")  # per process: several may train
     partial.write_bytes(buffer.getvalue())
     partial.replace(model_path)
     return Tokenizer(model_path)
@@ -166,107 +165,26 @@ def load_or_train(
     return train_tokenizer(texts, vocab_size, path)
 
 
-@dataclasses.dataclass
-class TokenizedSplit:
-    """Ids of one split, flat: pair i's source is src_ids[src_offsets[i]:src_offsets[i+1]]
-    (EOS not included)."""
-
-    src_ids: np.ndarray
-    src_offsets: np.ndarray
-    tgt_ids: np.ndarray
-    tgt_offsets: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.src_offsets) - 1
-
-    def source(self, i: int) -> np.ndarray:
-        return self.src_ids[self.src_offsets[i] : self.src_offsets[i + 1]]
-
-    def target(self, i: int) -> np.ndarray:
-        return self.tgt_ids[self.tgt_offsets[i] : self.tgt_offsets[i + 1]]
-
-    @property
-    def src_lengths(self) -> np.ndarray:
-        return np.diff(self.src_offsets)
-
-    @property
-    def tgt_lengths(self) -> np.ndarray:
-        return np.diff(self.tgt_offsets)
-
-
-def _flatten(sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    offsets = np.zeros(len(sequences) + 1, np.int64)
-    offsets[1:] = np.cumsum([len(s) for s in sequences])
-    flat = np.fromiter((t for s in sequences for t in s), np.int32, count=int(offsets[-1]))
-    return flat, offsets
-
-
-ID_ARRAYS = ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets")
-
-
-def id_dtype(vocab_size: int) -> np.dtype:
-    """The smallest unsigned integer type that holds every id of the vocabulary."""
-    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
-
-
 def tokenize_split(
     pairs: Sequence[tuple[str, str]],
     tokenizer,
     cache_path: str | pathlib.Path,
     key: str = "",
-) -> TokenizedSplit:
-    """Ids of `pairs`, computed once and cached at `cache_path` for later epochs and runs.
-
-    The cache is a directory of `.npy` files (ids as `id_dtype`, offsets as int64) plus
-    `meta.json`, read back memory-mapped: every process on a host shares one copy through the
-    page cache and touches only the rows its batches use. `key` names what the ids were built
-    from (see `ids_key`); a cache with another key, or that does not hold exactly len(pairs)
-    pairs, is rebuilt.
-    """
-    cache_path = pathlib.Path(cache_path)
-    cached = _read_cache(cache_path, key, len(pairs))
+    keep_texts: bool = False,
+) -> id_cache.TokenizedSplit:
+    """Ids of `pairs` (held in memory), computed once and cached at `cache_path` (see
+    `tfm.data.id_cache`); a cache with another `key`, or that does not hold exactly len(pairs)
+    pairs, is rebuilt. `tfm.data.prepare` builds large corpora in chunks instead."""
+    cached = id_cache.read(cache_path, key, len(pairs))
     if cached is not None:
         return cached
-    src_flat, src_offsets = _flatten(tokenizer.encode_batch([s for s, _ in pairs]))
-    tgt_flat, tgt_offsets = _flatten(tokenizer.encode_batch([t for _, t in pairs]))
-    dtype = id_dtype(tokenizer.vocab_size)
-    arrays = dict(
-        src_ids=src_flat.astype(dtype),
-        src_offsets=src_offsets,
-        tgt_ids=tgt_flat.astype(dtype),
-        tgt_offsets=tgt_offsets,
-    )
-    _write_cache(cache_path, arrays, dict(key=key, pairs=len(pairs), dtype=dtype.name))
-    return _read_cache(cache_path, key, len(pairs)) or TokenizedSplit(**arrays)
-
-
-def _read_cache(path: pathlib.Path, key: str, pairs: int) -> TokenizedSplit | None:
-    """The memory-mapped split at `path`, or None if absent, unreadable or for other pairs."""
-    try:
-        meta = json.loads((path / "meta.json").read_text())
-        if meta.get("key") != key or meta.get("pairs") != pairs:
-            return None
-        split = TokenizedSplit(*(np.load(path / f"{n}.npy", mmap_mode="r") for n in ID_ARRAYS))
-    except (OSError, ValueError, KeyError):
-        return None
-    return split if len(split) == pairs else None
-
-
-def _write_cache(path: pathlib.Path, arrays: dict, meta: dict) -> None:
-    """Write the cache under a per-process name, then rename it into place: processes of a
-    multi-host job build the same cache at once, and a reader never sees a half-written one."""
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    for name, array in arrays.items():
-        np.save(partial / f"{name}.npy", array)
-    (partial / "meta.json").write_text(json.dumps(meta))  # written last: marks it complete
-    if path.exists():  # a stale or damaged cache under this name
-        shutil.rmtree(path, ignore_errors=True)
-    try:
-        partial.rename(path)
-    except OSError:  # another process renamed its identical copy first
-        shutil.rmtree(partial, ignore_errors=True)
+    dtype = id_cache.id_dtype(tokenizer.vocab_size)
+    arrays = {}
+    for side, texts in (("src", [s for s, _ in pairs]), ("tgt", [t for _, t in pairs])):
+        flat, lengths = id_cache.flatten(tokenizer.encode_batch(texts), dtype)
+        arrays[f"{side}_ids"] = flat
+        arrays[f"{side}_offsets"] = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    return id_cache.write(cache_path, arrays, key, pairs if keep_texts else None)
 
 
 def ids_key(tokenizer: Tokenizer, split_fingerprint: str) -> str:

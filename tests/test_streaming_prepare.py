@@ -1,0 +1,121 @@
+"""Preparing in bounded chunks on several processes gives exactly what reading the corpus whole
+gives; an interrupted prepare resumes without redoing finished chunks and never serves a
+half-built cache; the flat-array epoch plans equal the list-of-lists planner they replaced."""
+
+import numpy as np
+import pytest
+
+from tests import list_planner
+from tests.e2e_corpus import write_corpus
+from tfm.data import batching, corpus, id_cache, pipeline, prepare, sources, streaming
+from tfm.data.corpus import SPLITS
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("corpus")
+    src, tgt = write_corpus(folder, pairs=1500, seed=4)
+    # lines the readers must handle the same way at any chunk boundary: CRLF, an empty side
+    with open(src, "a", encoding="utf-8") as s, open(tgt, "a", encoding="utf-8") as t:
+        s.write("carriage return\r\n\nlast one\n")
+        t.write("Wagenrücklauf\r\nleer\nletzte\n")
+    return f"text:{src},{tgt}"
+
+
+@pytest.fixture(scope="module")
+def one_shot(spec, tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("whole")
+    return prepare.prepare(spec, data_dir, 400, workers=1, chunk_records=corpus.WHOLE_FILE)
+
+
+def _arrays(split: id_cache.TokenizedSplit) -> list[np.ndarray]:
+    return [np.asarray(getattr(split, name)) for name in id_cache.ID_ARRAYS]
+
+
+def test_chunked_prepare_on_two_processes_equals_reading_whole(spec, one_shot, tmp_path):
+    chunked = prepare.prepare(spec, tmp_path, 400, workers=2, chunk_records=7)
+    assert chunked.sizes == one_shot.sizes and chunked.filtered == one_shot.filtered
+    assert chunked.filtered["empty_side"] == 1
+    assert chunked.fingerprints == one_shot.fingerprints
+    assert chunked.tokenizer.path.read_bytes() == one_shot.tokenizer.path.read_bytes()
+    for split in SPLITS:
+        for a, b in zip(_arrays(chunked.ids[split]), _arrays(one_shot.ids[split]), strict=True):
+            np.testing.assert_array_equal(a, b)
+    for split in ("validation", "test"):
+        assert chunked.texts(split) == one_shot.texts(split)
+
+
+def test_prepared_ids_and_fingerprints_match_the_corpus_read_whole(spec, one_shot):
+    whole = sources.load_corpus(sources.parse_spec(spec))  # the in-memory reader
+    tok = one_shot.tokenizer
+    for split in SPLITS:
+        pairs = whole.splits[split]
+        assert one_shot.sizes[split] == len(pairs)
+        assert one_shot.fingerprints[split] == corpus.fingerprint(pairs)
+        ids = one_shot.ids[split]
+        assert ids.src_ids.dtype == np.uint16 and isinstance(ids.src_ids, np.memmap)
+        for i in range(0, len(pairs), 37):
+            assert ids.source(i).tolist() == tok.encode(pairs[i][0])
+            assert ids.target(i).tolist() == tok.encode(pairs[i][1])
+    assert one_shot.texts("validation") == whole.splits["validation"]
+    with pytest.raises(ValueError, match="held-out"):
+        one_shot.texts("train")
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_prepare_resumes_and_never_serves_a_half_built_cache(
+    spec, one_shot, tmp_path, monkeypatch
+):
+    put = id_cache.ChunkStore.put
+    written = []
+
+    def put_then_die(store, index, arrays):
+        if len(written) == 10:
+            raise Interrupted
+        written.append(index)
+        put(store, index, arrays)
+
+    monkeypatch.setattr(id_cache.ChunkStore, "put", put_then_die)
+    with pytest.raises(Interrupted):
+        prepare.prepare(spec, tmp_path, 400, workers=1, chunk_records=50)
+    assert not [p for p in (tmp_path / "ids").iterdir() if not p.name.endswith(".chunks")]
+    monkeypatch.setattr(id_cache.ChunkStore, "put", put)
+
+    encode = streaming.encode_chunk
+    encoded = []
+
+    def counting_encode(task):
+        encoded.append(task[0])
+        return encode(task)
+
+    monkeypatch.setattr(streaming, "encode_chunk", counting_encode)
+    resumed = prepare.prepare(spec, tmp_path, 400, workers=1, chunk_records=50)
+    chunks = -(-(1500 + 3) // 50)
+    assert encoded == list(range(10, chunks))  # finished chunks were not encoded again
+    assert not list((tmp_path / "ids").glob("*.chunks"))  # the chunk files are gone
+    for split in SPLITS:
+        for a, b in zip(_arrays(resumed.ids[split]), _arrays(one_shot.ids[split]), strict=True):
+            np.testing.assert_array_equal(a, b)
+    again = prepare.prepare(spec, tmp_path, 400, workers=1, chunk_records=50)
+    assert set(again.caches.values()) == {"reused"}
+
+
+@pytest.mark.parametrize("pack", [False, True])
+@pytest.mark.parametrize("epoch", [0, 3])
+def test_flat_plans_equal_the_list_planner(one_shot, pack, epoch):
+    config = batching.BatchConfig(batch_tokens=256, max_seq_len=16, pack=pack, seed=7)
+    pipe = pipeline.BatchPipeline(one_shot.ids["train"], config)
+    expected = list_planner.plan_epoch(pipe.examples, config, epoch, pipe.buckets)
+    plan = pipe.plan(epoch)
+    assert [list(rows) for rows in plan] == expected
+    for b in range(0, len(plan), 5):
+        by_lists = batching.assemble_batch(
+            one_shot.ids["train"], pipe.examples, expected[b], pipe.row_length(plan[b]), pack
+        )
+        by_plan = pipe.local_batch(plan[b])
+        for key in by_lists:
+            np.testing.assert_array_equal(by_plan[key], by_lists[key])
+    assert len(plan[:3]) == 3 and list(plan[:3][2]) == expected[2]

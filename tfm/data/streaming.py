@@ -1,0 +1,101 @@
+"""Work on a corpus chunk by chunk, on every core: an order-keeping map over a bounded window of
+chunks in worker processes, and the three things `tfm.data.prepare` does with a chunk (scan it,
+give its training text to SentencePiece, encode it).
+
+Workers are started with "spawn": the caller may have imported JAX, whose threads do not survive
+a fork. Each worker imports only `tfm.data` (numpy, sentencepiece), not JAX.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import functools
+import json
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable, Iterator
+
+import numpy as np
+
+from tfm.data.corpus import RawChunk, fingerprint_feed, parse_chunk
+from tfm.data.id_cache import flatten, id_dtype
+from tfm.data.tokenizer import Tokenizer
+
+HELD_OUT = ("validation", "test")
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity mask, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+class ChunkMap:
+    """`map(func, chunks)` in `workers` processes, results in order, at most `window` chunks in
+    flight (memory stays bounded however long the corpus). One worker runs in this process."""
+
+    def __init__(self, workers: int, window: int | None = None):
+        self.workers = max(1, workers)
+        self.window = window or 2 * self.workers
+        self._pool = None
+        if self.workers > 1:
+            context = multiprocessing.get_context("spawn")
+            self._pool = concurrent.futures.ProcessPoolExecutor(self.workers, mp_context=context)
+
+    def __call__(self, func: Callable, items: Iterable) -> Iterator:
+        if self._pool is None:
+            yield from map(func, items)
+            return
+        pending: collections.deque = collections.deque()
+        for item in items:
+            pending.append(self._pool.submit(func, item))
+            if len(pending) >= self.window:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+
+    def __enter__(self) -> ChunkMap:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def scan_chunk(chunk: RawChunk) -> tuple[dict[str, int], dict[str, bytes], collections.Counter]:
+    """Pairs per split, each split's `fingerprint_feed`, and the filter counts of one chunk."""
+    part = parse_chunk(chunk)
+    sizes = {split: len(pairs) for split, pairs in part.splits.items()}
+    feeds = {split: fingerprint_feed(pairs) for split, pairs in part.splits.items()}
+    return sizes, feeds, part.filtered
+
+
+def training_texts(chunk: RawChunk) -> list[str]:
+    """Source and target texts of the chunk's training pairs (what the vocabulary learns)."""
+    return [text for pair in parse_chunk(chunk).splits["train"] for text in pair if text]
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenizer(path: str) -> Tokenizer:
+    """Loaded once per worker process and vocabulary."""
+    return Tokenizer(path)
+
+
+def encode_chunk(task: tuple[int, RawChunk, str]) -> tuple[int, dict[str, np.ndarray]]:
+    """(index, arrays for `ChunkStore.put`): the chunk's ids per split and side as the vocabulary's
+    `id_dtype`, their lengths, and the held-out splits' texts."""
+    index, chunk, vocabulary = task
+    tokenizer = _tokenizer(vocabulary)
+    dtype = id_dtype(tokenizer.vocab_size)
+    arrays = {}
+    for split, pairs in parse_chunk(chunk).splits.items():
+        for side, texts in (("src", [s for s, _ in pairs]), ("tgt", [t for _, t in pairs])):
+            flat, lengths = flatten(tokenizer.encode_batch(texts, threads=1), dtype)
+            arrays[f"{split}.{side}_ids"] = flat
+            arrays[f"{split}.{side}_lengths"] = lengths
+        if split in HELD_OUT:
+            arrays[f"{split}.texts"] = np.frombuffer(json.dumps(pairs).encode(), np.uint8)
+    return index, arrays
