@@ -54,9 +54,7 @@ def test_an_edited_corpus_rebuilds_vocabulary_and_ids(tmp_path):
     assert edited.dataset_fingerprint != first.dataset_fingerprint
     assert edited.tokenizer.path != first.tokenizer.path
     train_pairs = sources.load_corpus(sources.parse_spec(spec)).splits["train"]
-    position = [s for s, _ in train_pairs].index(
-        open(src).readlines()[index].strip()
-    )
+    position = [s for s, _ in train_pairs].index(open(src).readlines()[index].strip())
     expected = edited.tokenizer.encode("EDITED ZZZ QQQ")
     assert edited.ids["train"].target(position).tolist() == expected
 

@@ -88,6 +88,11 @@ class Examples:
     filtered: collections.Counter
 
 
+def position_dtype(count: int) -> np.dtype:
+    """int32 for positions below 2**31 (half the memory of int64 per pair), else int64."""
+    return np.dtype(np.int32 if count < 1 << 31 else np.int64)
+
+
 def select_examples(split: TokenizedSplit, config: BatchConfig) -> Examples:
     """Apply the length rule: +1 for EOS on each side; over max_seq_len -> drop or truncate."""
     src_lengths = split.src_lengths + 1
@@ -102,11 +107,11 @@ def select_examples(split: TokenizedSplit, config: BatchConfig) -> Examples:
     else:
         filtered["overlong_truncated"] = int(overlong.sum())
         keep = ~empty
-    indices = np.nonzero(keep)[0]
+    indices = np.nonzero(keep)[0].astype(position_dtype(len(split)))
     return Examples(
         indices,
-        np.minimum(src_lengths[indices], config.max_seq_len),
-        np.minimum(tgt_lengths[indices], config.max_seq_len),
+        np.minimum(src_lengths[indices], config.max_seq_len).astype(np.int32),
+        np.minimum(tgt_lengths[indices], config.max_seq_len).astype(np.int32),
         +filtered,
     )
 
@@ -168,8 +173,8 @@ class BatchRows:
     members[starts[r]:starts[r+1]] (an empty row is all padding). Slicing gives the rows of one
     process; iterating gives each row's positions as a list."""
 
-    members: np.ndarray  # int64 [pairs in the batch]
-    starts: np.ndarray  # int64 [rows + 1], starts[0] == 0
+    members: np.ndarray  # [pairs in the batch]
+    starts: np.ndarray  # [rows + 1], starts[0] == 0
 
     def __len__(self) -> int:
         return len(self.starts) - 1
@@ -199,9 +204,10 @@ class EpochPlan:
     """One epoch's global batches in three flat arrays (no Python object per pair): batch b is
     rows row_starts[batch_starts[b]] ... of `members`, see `BatchRows`."""
 
-    members: np.ndarray  # int64 positions into Examples, batch after batch, row after row
-    row_starts: np.ndarray  # int64 [rows + 1]
-    batch_starts: np.ndarray  # int64 [batches + 1], into rows
+    members: np.ndarray  # positions into Examples, batch after batch, row after row
+    row_starts: np.ndarray  # [rows + 1]
+    batch_starts: np.ndarray  # [batches + 1], into rows
+    # (int32 below 2**31 pairs: `position_dtype`)
 
     def __len__(self) -> int:
         return len(self.batch_starts) - 1
@@ -243,13 +249,14 @@ def plan_epoch(
         batches = _plan_bucketed(order, examples, config, buckets)
     if config.shuffle:
         batches = [batches[i] for i in rng.permutation(len(batches))]
-    members = [m for m, _ in batches]
-    row_sizes = [s for _, s in batches]
-    return EpochPlan(
-        np.concatenate(members or [np.zeros(0, np.int64)]).astype(np.int64),
-        np.concatenate([[0], np.cumsum(np.concatenate(row_sizes or [[]]), dtype=np.int64)]),
-        np.concatenate([[0], np.cumsum([len(s) for s in row_sizes], dtype=np.int64)]),
-    )
+    dtype = position_dtype(len(examples.indices))
+    members = np.concatenate([m for m, _ in batches] or [np.zeros(0, dtype)]).astype(dtype)
+    row_sizes = np.concatenate([s for _, s in batches] or [np.zeros(0, dtype)])
+    row_starts = np.zeros(len(row_sizes) + 1, dtype)
+    np.cumsum(row_sizes, out=row_starts[1:])
+    batch_starts = np.zeros(len(batches) + 1, dtype)
+    np.cumsum([len(s) for _, s in batches], out=batch_starts[1:])
+    return EpochPlan(members, row_starts, batch_starts)
 
 
 def _plan_bucketed(order, examples: Examples, config: BatchConfig, buckets):
@@ -263,7 +270,7 @@ def _plan_bucketed(order, examples: Examples, config: BatchConfig, buckets):
         rows = config.rows_for(int(length))
         for start in range(0, len(members), rows):
             chunk = members[start : start + rows]
-            sizes = np.zeros(rows, np.int64)
+            sizes = np.zeros(rows, np.int32)
             sizes[: len(chunk)] = 1
             batches.append((chunk, sizes))
     return batches
@@ -274,7 +281,7 @@ def _plan_packed(order, examples: Examples, config: BatchConfig, block: int = 1 
     side, in shuffled order, searching the 64 most recently opened rows."""
     rows_per_batch = config.rows_for(config.max_seq_len)
     limit = config.max_seq_len
-    row_of = np.empty(len(order), np.int64)  # the row each position in `order` went to
+    row_of = np.empty(len(order), np.int32)  # the row each position in `order` went to
     used_src: list[int] = []
     used_tgt: list[int] = []
     open_rows: list[int] = []  # rows with space left, most recent last (bounded search)
@@ -298,11 +305,11 @@ def _plan_packed(order, examples: Examples, config: BatchConfig, block: int = 1 
                     open_rows.pop(0)
     by_row = np.argsort(row_of, kind="stable")  # rows in opening order, members as added
     members = order[by_row]
-    sizes = np.bincount(row_of, minlength=len(used_src)).astype(np.int64)
+    sizes = np.bincount(row_of, minlength=len(used_src)).astype(np.int32)
     ends = np.cumsum(sizes)
     batches = []
     for first in range(0, len(sizes), rows_per_batch):
-        batch_sizes = np.zeros(rows_per_batch, np.int64)
+        batch_sizes = np.zeros(rows_per_batch, np.int32)
         part = sizes[first : first + rows_per_batch]
         batch_sizes[: len(part)] = part
         begin = int(ends[first - 1]) if first else 0

@@ -3,7 +3,7 @@ chunks.
 
 A split's cache is a directory of `.npy` files (ids as `id_dtype`, offsets as int64) and
 `meta.json`, written last and renamed into place, so a reader never sees a half-written one.
-Read back with `mmap_mode="r"`: all processes on a host share one copy through the page cache
+Read back memory-mapped: all processes on a host share one copy through the page cache
 and each touches only the rows its batches use. Held-out splits also keep their text
 (`texts.json`), which translation and scoring need.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import mmap
 import os
 import pathlib
 import shutil
@@ -80,10 +81,29 @@ def read(path: str | pathlib.Path, key: str, pairs: int) -> TokenizedSplit | Non
             return None
         if meta.get("texts") and not (path / "texts.json").is_file():
             return None
-        split = TokenizedSplit(*(np.load(path / f"{n}.npy", mmap_mode="r") for n in ID_ARRAYS))
+        split = TokenizedSplit(*(_map(path / f"{name}.npy", name) for name in ID_ARRAYS))
     except (OSError, ValueError, KeyError):
         return None
     return split if len(split) == pairs else None
+
+
+def _map(path: pathlib.Path, name: str) -> np.ndarray:
+    """A read-only memory map of the `.npy` file at `path`. Id arrays are read at random rows, so
+    the kernel is told not to read ahead: a process's resident pages are then the rows its
+    batches used, not 128 KB around each of them."""
+    with open(path, "rb") as file:
+        version = np.lib.format.read_magic(file)
+        if version == (1, 0):
+            shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(file)
+        else:
+            shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(file)
+        if fortran_order or len(shape) != 1:
+            raise ValueError(f"{path}: not a flat array")
+        offset = file.tell()
+        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    if name.endswith("_ids") and hasattr(mapped, "madvise"):
+        mapped.madvise(mmap.MADV_RANDOM)
+    return np.frombuffer(mapped, dtype, count=shape[0], offset=offset)
 
 
 def texts(path: str | pathlib.Path) -> list[tuple[str, str]]:
@@ -157,6 +177,7 @@ class ChunkStore:
         return self._file(index).is_file()
 
     def put(self, index: int, arrays: dict[str, np.ndarray]) -> None:
+        """Write chunk `index` whole under a per-process name, then rename it into place."""
         partial = self.directory / f"{index:07d}.{os.getpid()}.partial.npz"
         np.savez(partial, **arrays)
         partial.replace(self._file(index))

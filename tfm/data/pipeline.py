@@ -25,6 +25,10 @@ from tfm.data.batching import (
 )
 from tfm.data.id_cache import TokenizedSplit
 
+# A few batches assembled ahead by two threads: enough to hide assembly behind a train step;
+# grain's default (16 threads, 500 batches) holds hundreds of MB of batches per process.
+READ_OPTIONS = grain.ReadOptions(num_threads=2, prefetch_buffer_size=8)
+
 
 class _EpochBatches(grain.MapDataset):
     """One epoch's plan as a grain random-access dataset of this process's batch slices."""
@@ -116,7 +120,7 @@ class BatchIterator(Iterator[Batch]):
 
     def _start_epoch(self, epoch: int, grain_state: dict | None) -> None:
         self._epoch = epoch
-        self._iterator = iter(self._pipeline.epoch_dataset(epoch).to_iter_dataset())
+        self._iterator = iter(self._pipeline.epoch_dataset(epoch).to_iter_dataset(READ_OPTIONS))
         if grain_state is not None:
             self._iterator.set_state(grain_state)
 

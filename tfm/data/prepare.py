@@ -176,11 +176,10 @@ def _encode(chunk_map: streaming.ChunkMap, chunks, vocab, store: id_cache.ChunkS
         for index, chunk in enumerate(chunks):
             count = index + 1
             if not store.has(index):
-                yield index, chunk, str(vocab.path)
+                yield index, chunk, str(vocab.path), str(store.directory)
 
     progress = tqdm(desc="prepare: encode", unit=" chunks", file=sys.stderr, disable=None)
-    for index, arrays in chunk_map(streaming.encode_chunk, tasks()):
-        store.put(index, arrays)
+    for _ in chunk_map(streaming.encode_chunk, tasks()):
         progress.update()
     progress.close()
     return count

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 
 from tfm.data.corpus import RawChunk, fingerprint_feed, parse_chunk
-from tfm.data.id_cache import flatten, id_dtype
+from tfm.data.id_cache import ChunkStore, flatten, id_dtype
 from tfm.data.tokenizer import Tokenizer
 
 HELD_OUT = ("validation", "test")
@@ -84,10 +84,11 @@ def _tokenizer(path: str) -> Tokenizer:
     return Tokenizer(path)
 
 
-def encode_chunk(task: tuple[int, RawChunk, str]) -> tuple[int, dict[str, np.ndarray]]:
-    """(index, arrays for `ChunkStore.put`): the chunk's ids per split and side as the vocabulary's
-    `id_dtype`, their lengths, and the held-out splits' texts."""
-    index, chunk, vocabulary = task
+def encode_chunk(task: tuple[int, RawChunk, str, str]) -> int:
+    """Encode chunk `index` into the `ChunkStore` at `store`: its ids per split and side as the
+    vocabulary's `id_dtype`, their lengths, and the held-out splits' texts. The worker writes
+    the file itself, so ids never travel back through the parent process."""
+    index, chunk, vocabulary, store = task
     tokenizer = _tokenizer(vocabulary)
     dtype = id_dtype(tokenizer.vocab_size)
     arrays = {}
@@ -98,4 +99,5 @@ def encode_chunk(task: tuple[int, RawChunk, str]) -> tuple[int, dict[str, np.nda
             arrays[f"{split}.{side}_lengths"] = lengths
         if split in HELD_OUT:
             arrays[f"{split}.texts"] = np.frombuffer(json.dumps(pairs).encode(), np.uint8)
-    return index, arrays
+    ChunkStore(store).put(index, arrays)
+    return index
