@@ -62,14 +62,11 @@ def transformer_step_fn(model: Transformer, params) -> StepFn:
 def encode_and_init_cache(
     model: Transformer, params, src: Array, copies: int, max_steps: int
 ) -> DecodeCache:
-    """Encode `[batch, src_len]` once and build the cache; with `copies` > 1 each sentence's row
-    is repeated (its beams)."""
+    """Encode `[batch, src_len]` once and build the cache, with `copies` decoded rows per
+    sentence (its beams); the encoder output and cross-attention K/V are not copied."""
     variables = {"params": params}
     encoded = model.apply(variables, src, method=Transformer.encode)
-    if copies > 1:
-        encoded = jnp.repeat(encoded, copies, axis=0)
-        src = jnp.repeat(src, copies, axis=0)
-    return model.apply(variables, encoded, src, max_steps, method=Transformer.init_cache)
+    return model.apply(variables, encoded, src, max_steps, copies, method=Transformer.init_cache)
 
 
 def _argmax(logits: Array, step: Array) -> Array:

@@ -323,12 +323,15 @@ class DecoderLayer(nn.Module):
         cross_v: Array,
         position: Array,
         cross_mask: Array | None,
+        beams: int = 1,
     ) -> tuple[Array, Array, Array]:
         """One incremental decoding step for `[batch, 1, d_model]` input at `position`.
 
         Writes this step's self-attention K/V into the heads-first `[batch, heads, max_steps, d]`
         caches at `position` and attends over positions <= `position`; `cross_k`/`cross_v` are
-        heads-first too (`cross_kv`). Returns the output and both self-attention caches.
+        heads-first too (`cross_kv`), one copy per sentence when the `[batch]` rows are
+        `beams` consecutive beams of each sentence. Returns the output and both self-attention
+        caches.
         """
 
         def self_attend(z: Array) -> Array:
@@ -346,7 +349,9 @@ class DecoderLayer(nn.Module):
             )
 
         y = self.self_attention_block(y, self_attend)
-        y = self._cross_and_feed_forward(y, cross_k, cross_v, cross_mask, True, "heads_first")
+        y = self._cross_and_feed_forward(
+            y, cross_k, cross_v, cross_mask, True, "heads_first", beams
+        )
         return y, self_k, self_v
 
     def _cross_and_feed_forward(
@@ -357,12 +362,19 @@ class DecoderLayer(nn.Module):
         cross_mask: Array | None,
         deterministic: bool,
         kv_layout: attn.KVLayout = "length_first",
+        beams: int = 1,
     ) -> Array:
         def cross_attend(z: Array) -> Array:
-            q = self.cross_attention.project_q(z)
-            return self.cross_attention.attend(
-                q, cross_k, cross_v, cross_mask, deterministic, kv_layout
+            q = self.cross_attention.project_q(z)  # [rows, q_len, heads, d_k]
+            rows, q_len = q.shape[:2]
+            # A sentence's beams share its source: they attend as extra query positions of one
+            # row, `[batch, beams * q_len, heads, d_k]`, to one copy of its K/V (no per-beam
+            # copies to build, read or reorder).
+            grouped = q.reshape(rows // beams, beams * q_len, *q.shape[2:])
+            out = self.cross_attention.attend(
+                grouped, cross_k, cross_v, cross_mask, deterministic, kv_layout
             )
+            return out.reshape(rows, q_len, out.shape[-1])
 
         y = self.cross_attention_block(y, cross_attend, deterministic)
         return self.feed_forward_block(y, self.feed_forward, deterministic)

@@ -35,9 +35,9 @@ class LayerCache:
 
     Heads first, so each step's per-head products read them without a transpose:
     self_k: `[batch, heads, max_steps, d_k]`, self_v: `[batch, heads, max_steps, d_v]` — the
-    decoder's own keys/values, written one position per step. cross_k: `[batch, heads, src_len,
-    d_k]`, cross_v: `[batch, heads, src_len, d_v]` — this layer's projection of the final encoder
-    output, computed once.
+    decoder's own keys/values, written one position per step (a row per beam in beam search).
+    cross_k: `[sentences, heads, src_len, d_k]`, cross_v: `[sentences, heads, src_len, d_v]` —
+    this layer's projection of the final encoder output, computed once per sentence.
     """
 
     self_k: Array
@@ -49,7 +49,9 @@ class LayerCache:
 @struct.dataclass
 class DecodeCache:
     """Everything `decode_step` needs besides parameters: per-layer caches and `[batch, src_len]`
-    source validity (True for real tokens), which masks padded source positions."""
+    source validity (True for real tokens), which masks padded source positions. Self-attention
+    K/V have a row per decoded hypothesis (`[batch * beams]`), cross-attention K/V and the source
+    mask one per sentence."""
 
     layers: tuple[LayerCache, ...]
     src_valid: Array
@@ -199,11 +201,15 @@ class Transformer(nn.Module):
             encoded, src, tgt_in, src_segments, tgt_segments, tgt_positions, deterministic
         )
 
-    def init_cache(self, encoded: Array, src: Array, max_steps: int | None = None) -> DecodeCache:
-        """Decoding state for `[batch, src_len, d_model]` encoder output of `[batch, src_len]` ids.
+    def init_cache(
+        self, encoded: Array, src: Array, max_steps: int | None = None, beams: int = 1
+    ) -> DecodeCache:
+        """Decoding state for `[batch, src_len, d_model]` encoder output of `[batch, src_len]` ids,
+        decoded as `beams` rows per sentence (beam search; 1 otherwise).
 
-        Cross-attention K/V are computed here, once; self-attention K/V are zeros for `max_steps`
-        decoder positions (default `config.max_positions`), filled by `decode_step`.
+        Cross-attention K/V are computed here, once per sentence (its beams share them);
+        self-attention K/V are zeros for `[batch * beams]` rows and `max_steps` decoder positions
+        (default `config.max_positions`), filled by `decode_step`.
         """
         c = self.config
         max_steps = c.max_positions if max_steps is None else max_steps
@@ -212,7 +218,7 @@ class Transformer(nn.Module):
                 f"decoding {max_steps} positions exceeds the learned position table "
                 f"(ModelConfig.max_positions={c.max_positions})"
             )
-        batch = src.shape[0]
+        batch = src.shape[0] * beams
         dtype = compute_dtype(c)
         layers = []
         for layer in self.decoder_layers:
@@ -230,8 +236,10 @@ class Transformer(nn.Module):
     def decode_step(
         self, cache: DecodeCache, tokens: Array, position: Array | int
     ) -> tuple[Array, DecodeCache]:
-        """One autoregressive step: `[batch]` last tokens at scalar `position` (0 for the BOS
-        token) -> float32 logits `[batch, vocab]` for the next token, and the updated cache."""
+        """One autoregressive step: `[rows]` last tokens at scalar `position` (0 for the BOS
+        token) -> float32 logits `[rows, vocab]` for the next token, and the updated cache. Rows
+        are the cache's sentences, or `beams` consecutive rows per sentence."""
+        beams = tokens.shape[0] // cache.src_valid.shape[0]
         position = jnp.asarray(position, jnp.int32)
         positions = jnp.broadcast_to(position, (tokens.shape[0], 1))
         y = self._embed(tokens[:, None], positions, "tgt", deterministic=True)
@@ -239,7 +247,14 @@ class Transformer(nn.Module):
         new_layers = []
         for layer, state in zip(self.decoder_layers, cache.layers, strict=True):
             y, self_k, self_v = layer.step(
-                y, state.self_k, state.self_v, state.cross_k, state.cross_v, position, cross_mask
+                y,
+                state.self_k,
+                state.self_v,
+                state.cross_k,
+                state.cross_v,
+                position,
+                cross_mask,
+                beams,
             )
             new_layers.append(state.replace(self_k=self_k, self_v=self_v))
         logits = self._logits(y)[:, 0]
