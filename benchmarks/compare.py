@@ -13,7 +13,9 @@ medians over every timed run. The JSON also holds:
     seconds per step / the higher ceiling;
   * each system's initial label-smoothed loss on the training batch without dropout (equal
     weights, so these must agree), and how often each decoder's output equals tfm's;
-  * the ratios tfm / peer and the issue-7 goals with whether each is met.
+  * the ratios tfm / peer and the issue-7 goals with whether each is met;
+  * each system's peak resident memory per workload (its worker process, from set-up through
+    the first run, the libraries it imported included).
 
     pip install -e '.[bench]'      # torch==2.13.0 (CPU), transformers, ctranslate2
     python benchmarks/compare.py [--workloads ...] [--rounds 5] [--out results.json]
@@ -75,6 +77,27 @@ INSTALL_HINT = "install the peers with: pip install -e '.[bench]'"
 # Worker side: one process per library, JSON lines on stdin / a private copy of stdout.
 
 
+def _reset_peak_memory() -> None:
+    """Restart the kernel's peak-RSS count (VmHWM) of this process (Linux; else a no-op)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as file:
+            file.write("5")
+    except OSError:
+        pass
+
+
+def _peak_rss_mb() -> float | None:
+    """Peak resident memory since the last `_reset_peak_memory`, in MB (None off Linux)."""
+    try:
+        with open("/proc/self/status") as file:
+            for line in file:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
 def _worker(kind: str) -> None:
     import importlib
     from importlib import metadata
@@ -117,6 +140,7 @@ def _worker(kind: str) -> None:
                 _, module_name, options = SYSTEMS[request["system"]]
                 module = importlib.import_module(module_name)
                 w = WORKLOADS[request["workload"]]
+                _reset_peak_memory()
                 start = time.perf_counter()
                 factory = module.Trainer if w.kind == "train" else module.Decoder
                 instance = factory(w, request["weights"], **options)
@@ -126,6 +150,7 @@ def _worker(kind: str) -> None:
                     ok=True,
                     setup_seconds=time.perf_counter() - start,
                     initial_loss=getattr(instance, "initial_loss", None),
+                    peak_rss_mb=_peak_rss_mb(),
                 )
             elif op == "run":
                 instance = instances[request["key"]]
@@ -238,6 +263,9 @@ def measure_workload(
             "min_seconds": round(min(times[s]), 4),
             "max_seconds": round(max(times[s]), 4),
             "setup_seconds": round(setup[s]["setup_seconds"], 2),
+            # the worker process's peak from this system's set-up through its first (untimed)
+            # run, imported libraries included
+            "peak_rss_mb": setup[s].get("peak_rss_mb"),
         }
         if w.kind == "train":
             flops = 3 * forward_flops(w.shape, w.batch, w.src_len, w.tgt_len)

@@ -81,16 +81,16 @@ def read(path: str | pathlib.Path, key: str, pairs: int) -> TokenizedSplit | Non
             return None
         if meta.get("texts") and not (path / "texts.json").is_file():
             return None
-        split = TokenizedSplit(*(_map(path / f"{name}.npy", name) for name in ID_ARRAYS))
+        split = TokenizedSplit(*(_map(path / f"{name}.npy") for name in ID_ARRAYS))
     except (OSError, ValueError, KeyError):
         return None
     return split if len(split) == pairs else None
 
 
-def _map(path: pathlib.Path, name: str) -> np.ndarray:
-    """A read-only memory map of the `.npy` file at `path`. Id arrays are read at random rows, so
-    the kernel is told not to read ahead: a process's resident pages are then the rows its
-    batches used, not 128 KB around each of them."""
+def _map(path: pathlib.Path) -> np.ndarray:
+    """A read-only memory map of the flat `.npy` array at `path`. (Read-ahead is left on: with it
+    off, a cold cache is read 4 KB at a time and the first thousand 25k-token batches of a
+    10M-pair cache took minutes; the kernel maps pages around each touched one either way.)"""
     with open(path, "rb") as file:
         version = np.lib.format.read_magic(file)
         if version == (1, 0):
@@ -101,8 +101,6 @@ def _map(path: pathlib.Path, name: str) -> np.ndarray:
             raise ValueError(f"{path}: not a flat array")
         offset = file.tell()
         mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-    if name.endswith("_ids") and hasattr(mapped, "madvise"):
-        mapped.madvise(mmap.MADV_RANDOM)
     return np.frombuffer(mapped, dtype, count=shape[0], offset=offset)
 
 
@@ -126,7 +124,9 @@ def write(
     for name in ID_ARRAYS:
         np.save(partial / f"{name}.npy", arrays[name])
     pairs = len(arrays["src_offsets"]) - 1
-    _complete(partial, path, key, pairs, arrays["src_ids"].dtype, pair_texts)
+    if pair_texts is not None:
+        (partial / "texts.json").write_text(json.dumps([list(p) for p in pair_texts]))
+    _complete(partial, path, key, pairs, arrays["src_ids"].dtype, pair_texts is not None)
     return read(path, key, pairs) or TokenizedSplit(*(arrays[n] for n in ID_ARRAYS))
 
 
@@ -139,17 +139,18 @@ def _partial(path: pathlib.Path) -> pathlib.Path:
     return partial
 
 
-def _complete(partial, path, key, pairs, dtype, pair_texts) -> None:
-    """Texts, then meta.json (which marks the cache complete), then the rename into place."""
-    if pair_texts is not None:
-        (partial / "texts.json").write_text(json.dumps([list(p) for p in pair_texts]))
-    meta = dict(
-        key=key,
-        pairs=pairs,
-        dtype=np.dtype(dtype).name,
-        format=FORMAT,
-        texts=pair_texts is not None,
-    )
+def _npy_writer(path: pathlib.Path, dtype, length: int):
+    """An open `.npy` file of `length` elements of `dtype`, header written: append the data."""
+    file = path.open("wb")
+    header = dict(descr=np.lib.format.dtype_to_descr(np.dtype(dtype)), fortran_order=False)
+    np.lib.format.write_array_header_2_0(file, dict(header, shape=(length,)))
+    return file
+
+
+def _complete(partial, path, key, pairs, dtype, texts: bool) -> None:
+    """meta.json (which marks the cache complete, texts.json already written if `texts`), then
+    the rename into place."""
+    meta = dict(key=key, pairs=pairs, dtype=np.dtype(dtype).name, format=FORMAT, texts=texts)
     (partial / "meta.json").write_text(json.dumps(meta))
     if path.exists():  # a stale or damaged cache under this name
         shutil.rmtree(path, ignore_errors=True)
@@ -186,7 +187,8 @@ class ChunkStore:
         self, split: str, chunks: int, path: pathlib.Path, key: str, keep_texts: bool
     ) -> TokenizedSplit:
         """Join `split`'s part of chunks 0..chunks-1 into its cache at `path`, streaming: one
-        chunk in memory at a time, the arrays written through memory maps."""
+        chunk in memory at a time, appended to the `.npy` files with plain writes (a memory map
+        would make every written page resident in this process)."""
         totals = dict(pairs=0, src=0, tgt=0)
         dtype = None
         for index in range(chunks):
@@ -196,37 +198,37 @@ class ChunkStore:
                     totals[side] += int(chunk[f"{split}.{side}_lengths"].sum(dtype=np.int64))
                 dtype = chunk[f"{split}.src_ids"].dtype
         partial = _partial(path)
-        out = {
-            f"{side}_ids": np.lib.format.open_memmap(
-                partial / f"{side}_ids.npy", "w+", dtype, (totals[side],)
-            )
-            for side in ("src", "tgt")
-        }
+        files = {}
         for side in ("src", "tgt"):
-            out[f"{side}_offsets"] = np.lib.format.open_memmap(
-                partial / f"{side}_offsets.npy", "w+", np.int64, (totals["pairs"] + 1,)
+            files[f"{side}_ids"] = _npy_writer(partial / f"{side}_ids.npy", dtype, totals[side])
+            files[f"{side}_offsets"] = _npy_writer(
+                partial / f"{side}_offsets.npy", np.int64, totals["pairs"] + 1
             )
-            out[f"{side}_offsets"][0] = 0
-        pair_texts: list | None = [] if keep_texts else None
-        row, filled = 0, dict(src=0, tgt=0)
+            files[f"{side}_offsets"].write(np.zeros(1, np.int64).tobytes())
+        texts_file = (partial / "texts.json").open("wb") if keep_texts else None
+        if texts_file:
+            texts_file.write(b"[")
+        filled, texts_written = dict(src=0, tgt=0), False
         for index in range(chunks):
             with np.load(self._file(index)) as chunk:
-                n = len(chunk[f"{split}.src_lengths"])
                 for side in ("src", "tgt"):
                     ids = chunk[f"{split}.{side}_ids"]
-                    out[f"{side}_ids"][filled[side] : filled[side] + len(ids)] = ids
-                    ends = filled[side] + np.cumsum(
-                        chunk[f"{split}.{side}_lengths"], dtype=np.int64
-                    )
-                    out[f"{side}_offsets"][row + 1 : row + 1 + n] = ends
+                    lengths = chunk[f"{split}.{side}_lengths"]
+                    ends = filled[side] + np.cumsum(lengths, dtype=np.int64)
+                    files[f"{side}_ids"].write(ids.tobytes())
+                    files[f"{side}_offsets"].write(ends.tobytes())
                     filled[side] += len(ids)
-                if keep_texts:
-                    pair_texts.extend(json.loads(chunk[f"{split}.texts"].tobytes()))
-                row += n
-        for array in out.values():
-            array.flush()
-        del out
-        _complete(partial, path, key, totals["pairs"], dtype, pair_texts)
+                if texts_file:
+                    items = chunk[f"{split}.texts"].tobytes()[1:-1]  # the list's items
+                    if items:
+                        texts_file.write(b"," + items if texts_written else items)
+                        texts_written = True
+        for file in files.values():
+            file.close()
+        if texts_file:
+            texts_file.write(b"]")
+            texts_file.close()
+        _complete(partial, path, key, totals["pairs"], dtype, keep_texts)
         split_ids = read(path, key, totals["pairs"])
         if split_ids is None:
             raise OSError(f"{path}: the id cache just written does not read back")

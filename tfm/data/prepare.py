@@ -136,8 +136,7 @@ def prepare(
             store = id_cache.ChunkStore(data_dir / "ids" / f"{vocab.path.stem}-{store_key}.chunks")
             count = _encode(chunk_map, chunks(), vocab, store)
             for split in missing:
-                held_out = split in streaming.HELD_OUT
-                ids[split] = store.finish(split, count, paths[split], keys[split], held_out)
+                ids[split] = _finish(store, split, count, paths[split], keys[split], scan)
                 if len(ids[split]) != scan.sizes[split]:
                     raise CorpusError(
                         f"{spec.name}: the {split} split changed while it was being prepared "
@@ -183,6 +182,20 @@ def _encode(chunk_map: streaming.ChunkMap, chunks, vocab, store: id_cache.ChunkS
         progress.update()
     progress.close()
     return count
+
+
+def _finish(store, split, count, path, key, scan: _Scan) -> id_cache.TokenizedSplit:
+    """Join a split's chunks into its cache, unless another process of a multi-host job (same
+    data dir) finished it meanwhile; if that one removed the chunks mid-way, use its cache."""
+    try:
+        return id_cache.read(path, key, scan.sizes[split]) or store.finish(
+            split, count, path, key, keep_texts=split in streaming.HELD_OUT
+        )
+    except FileNotFoundError:
+        finished = id_cache.read(path, key, scan.sizes[split])
+        if finished is None:
+            raise
+        return finished
 
 
 def _check_splits(spec: sources.SourceSpec, sizes: dict[str, int]) -> None:
