@@ -121,3 +121,16 @@ def test_flat_plans_equal_the_list_planner(one_shot, pack, epoch):
         for key in by_lists:
             np.testing.assert_array_equal(by_plan[key], by_lists[key])
     assert len(plan[:3]) == 3 and list(plan[:3][2]) == expected[2]
+
+
+def test_a_tfds_dataset_streams_in_chunks_as_it_reads_whole():
+    import tensorflow_datasets as tfds
+
+    from tfm.data import tfds_sources
+
+    with tfds.testing.mock_data(num_examples=7):
+        whole = sources.load_corpus(sources.parse_spec("tfds:wmt14_translate/de-en"))
+        chunks = list(tfds_sources.dataset_chunks("wmt14_translate/de-en", "en", "de", None, 3))
+    assert [len(chunk.data[1]) for chunk in chunks] == [3, 3, 1] * 3
+    streamed = corpus.merge(map(corpus.parse_chunk, chunks))
+    assert streamed.splits == whole.splits and sum(map(len, whole.splits.values())) == 21
