@@ -3,6 +3,8 @@ gives; an interrupted prepare resumes without redoing finished chunks and never 
 half-built cache; the flat-array epoch plans equal the list-of-lists planner they replaced."""
 
 import mmap
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -134,3 +136,18 @@ def test_a_tfds_dataset_streams_in_chunks_as_it_reads_whole():
     assert [len(chunk.data[1]) for chunk in chunks] == [3, 3, 1] * 3
     streamed = corpus.merge(map(corpus.parse_chunk, chunks))
     assert streamed.splits == whole.splits and sum(map(len, whole.splits.values())) == 21
+
+
+def test_a_script_without_a_main_guard_gets_told_what_to_do(spec, tmp_path):
+    """Workers are spawned, which re-imports the calling script: one that calls prepare at its
+    top level kills them, and must hear why in one line, not a bare BrokenProcessPool."""
+    script = tmp_path / "no_guard.py"
+    script.write_text(
+        "from tfm.data.prepare import prepare\n"
+        f"prepare({spec!r}, {str(tmp_path / 'data')!r}, 400, workers=2)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert out.returncode != 0
+    assert "if __name__ == '__main__':" in out.stderr.strip().splitlines()[-1]

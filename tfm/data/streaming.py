@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import concurrent.futures.process
 import functools
 import json
 import multiprocessing
@@ -47,12 +48,19 @@ class ChunkMap:
             yield from map(func, items)
             return
         pending: collections.deque = collections.deque()
-        for item in items:
-            pending.append(self._pool.submit(func, item))
-            if len(pending) >= self.window:
+        try:
+            for item in items:
+                pending.append(self._pool.submit(func, item))
+                if len(pending) >= self.window:
+                    yield pending.popleft().result()
+            while pending:
                 yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
+        except concurrent.futures.process.BrokenProcessPool as error:
+            raise RuntimeError(
+                f"prepare's {self.workers} worker processes died ({error}); a script that calls "
+                "tfm.data.prepare.prepare needs an `if __name__ == '__main__':` guard (workers "
+                "start by re-importing it), or pass workers=1"
+            ) from None
 
     def close(self) -> None:
         if self._pool is not None:
