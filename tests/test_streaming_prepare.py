@@ -3,6 +3,7 @@ gives; an interrupted prepare resumes without redoing finished chunks and never 
 half-built cache; the flat-array epoch plans equal the list-of-lists planner they replaced."""
 
 import mmap
+import pathlib
 import subprocess
 import sys
 
@@ -151,3 +152,24 @@ def test_a_script_without_a_main_guard_gets_told_what_to_do(spec, tmp_path):
     )
     assert out.returncode != 0
     assert "if __name__ == '__main__':" in out.stderr.strip().splitlines()[-1]
+
+
+def test_a_corpus_edited_during_prepare_is_refused_not_cached(tmp_path, monkeypatch):
+    src, tgt = write_corpus(tmp_path / "corpus", pairs=600, seed=9)
+    spec = f"text:{src},{tgt}"
+    encode = prepare._encode
+
+    def edit_then_encode(*args):
+        lines = pathlib.Path(tgt).read_text().splitlines()
+        lines[5] = "EDITED WHILE PREPARING"  # same line count: only the content tells
+        pathlib.Path(tgt).write_text("\n".join(lines) + "\n")
+        return encode(*args)
+
+    monkeypatch.setattr(prepare, "_encode", edit_then_encode)
+    with pytest.raises(ValueError, match="changed after prepare had scanned it"):
+        prepare.prepare(spec, tmp_path / "data", 400, workers=1, chunk_records=100)
+    assert not list((tmp_path / "data" / "ids").iterdir())  # no split cache, no chunk files
+    monkeypatch.setattr(prepare, "_encode", encode)
+    again = prepare.prepare(spec, tmp_path / "data", 400, workers=1, chunk_records=100)
+    whole = sources.load_corpus(sources.parse_spec(spec))
+    assert again.fingerprints["train"] == corpus.fingerprint(whole.splits["train"])

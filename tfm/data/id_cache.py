@@ -184,15 +184,24 @@ class ChunkStore:
         partial.replace(self._file(index))
 
     def finish(
-        self, split: str, chunks: int, path: pathlib.Path, key: str, keep_texts: bool
+        self, split: str, path: pathlib.Path, key: str, keep_texts: bool, digests: list[bytes]
     ) -> TokenizedSplit:
-        """Join `split`'s part of chunks 0..chunks-1 into its cache at `path`, streaming: one
-        chunk in memory at a time, appended to the `.npy` files with plain writes (a memory map
-        would make every written page resident in this process)."""
+        """Join `split`'s part of chunks 0..len(digests)-1 into its cache at `path`, streaming:
+        one chunk in memory at a time, appended to the `.npy` files with plain writes (a memory
+        map would make every written page resident in this process). Each chunk's text digest
+        must equal `digests` (what the scan saw): a corpus edited during a prepare is refused,
+        never cached under the old content's key."""
+        chunks = len(digests)
         totals = dict(pairs=0, src=0, tgt=0)
         dtype = None
         for index in range(chunks):
             with np.load(self._file(index)) as chunk:
+                if chunk[f"{split}.digest"].tobytes() != digests[index]:
+                    self.remove()
+                    raise ValueError(
+                        f"chunk {index} of the corpus changed after prepare had scanned it (a "
+                        "file edited during prepare?); nothing was cached: run prepare again"
+                    )
                 totals["pairs"] += len(chunk[f"{split}.src_lengths"])
                 for side in ("src", "tgt"):
                     totals[side] += int(chunk[f"{split}.{side}_lengths"].sum(dtype=np.int64))

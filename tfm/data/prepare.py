@@ -84,6 +84,7 @@ class _Scan:
     sizes: dict[str, int]
     fingerprints: dict[str, str]
     filtered: collections.Counter
+    chunk_digests: dict[str, list[bytes]]  # per split, SHA-256 of each chunk's part
 
 
 def prepare(
@@ -154,15 +155,17 @@ def _scan(chunk_map: streaming.ChunkMap, chunks) -> _Scan:
     digests = {split: hashlib.sha256() for split in SPLITS}
     filtered: collections.Counter = collections.Counter()
     progress = tqdm(desc="prepare: scan", unit=" chunks", file=sys.stderr, disable=None)
+    chunk_digests: dict[str, list[bytes]] = {split: [] for split in SPLITS}
     for chunk_sizes, feeds, counts in chunk_map(streaming.scan_chunk, chunks):
         for split in SPLITS:
             sizes[split] += chunk_sizes[split]
             digests[split].update(feeds[split])
+            chunk_digests[split].append(hashlib.sha256(feeds[split]).digest())
         filtered.update(counts)
         progress.update()
     progress.close()
     prints = {split: digest.hexdigest() for split, digest in digests.items()}
-    return _Scan(sizes, prints, +filtered)
+    return _Scan(sizes, prints, +filtered, chunk_digests)
 
 
 def _encode(chunk_map: streaming.ChunkMap, chunks, vocab, store: id_cache.ChunkStore) -> int:
@@ -187,9 +190,14 @@ def _encode(chunk_map: streaming.ChunkMap, chunks, vocab, store: id_cache.ChunkS
 def _finish(store, split, count, path, key, scan: _Scan) -> id_cache.TokenizedSplit:
     """Join a split's chunks into its cache, unless another process of a multi-host job (same
     data dir) finished it meanwhile; if that one removed the chunks mid-way, use its cache."""
+    if count != len(scan.chunk_digests[split]):
+        raise CorpusError(
+            f"the corpus changed while it was being prepared ({len(scan.chunk_digests[split])} "
+            f"chunks scanned, {count} encoded); run prepare again"
+        )
     try:
         return id_cache.read(path, key, scan.sizes[split]) or store.finish(
-            split, count, path, key, keep_texts=split in streaming.HELD_OUT
+            split, path, key, split in streaming.HELD_OUT, scan.chunk_digests[split]
         )
     except FileNotFoundError:
         finished = id_cache.read(path, key, scan.sizes[split])

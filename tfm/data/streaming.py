@@ -12,6 +12,7 @@ import collections
 import concurrent.futures
 import concurrent.futures.process
 import functools
+import hashlib
 import json
 import multiprocessing
 import os
@@ -94,13 +95,17 @@ def _tokenizer(path: str) -> Tokenizer:
 
 def encode_chunk(task: tuple[int, RawChunk, str, str]) -> int:
     """Encode chunk `index` into the `ChunkStore` at `store`: its ids per split and side as the
-    vocabulary's `id_dtype`, their lengths, and the held-out splits' texts. The worker writes
+    vocabulary's `id_dtype`, their lengths, the held-out splits' texts, and each split's digest
+    of the text encoded. The worker writes
     the file itself, so ids never travel back through the parent process."""
     index, chunk, vocabulary, store = task
     tokenizer = _tokenizer(vocabulary)
     dtype = id_dtype(tokenizer.vocab_size)
     arrays = {}
     for split, pairs in parse_chunk(chunk).splits.items():
+        # what the scan saw of this chunk must be what is encoded (checked when joining)
+        digest = hashlib.sha256(fingerprint_feed(pairs)).digest()
+        arrays[f"{split}.digest"] = np.frombuffer(digest, np.uint8)
         for side, texts in (("src", [s for s, _ in pairs]), ("tgt", [t for _, t in pairs])):
             flat, lengths = flatten(tokenizer.encode_batch(texts, threads=1), dtype)
             arrays[f"{split}.{side}_ids"] = flat
