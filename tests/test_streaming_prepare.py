@@ -2,6 +2,8 @@
 gives; an interrupted prepare resumes without redoing finished chunks and never serves a
 half-built cache; the flat-array epoch plans equal the list-of-lists planner they replaced."""
 
+import fcntl
+import json
 import mmap
 import pathlib
 import subprocess
@@ -173,3 +175,62 @@ def test_a_corpus_edited_during_prepare_is_refused_not_cached(tmp_path, monkeypa
     again = prepare.prepare(spec, tmp_path / "data", 400, workers=1, chunk_records=100)
     whole = sources.load_corpus(sources.parse_spec(spec))
     assert again.fingerprints["train"] == corpus.fingerprint(whole.splits["train"])
+
+
+PREPARE_AND_REPORT = """
+import json, sys
+from tfm.data.prepare import prepare
+if __name__ == "__main__":
+    data = prepare(sys.argv[1], sys.argv[2], 400, workers=1, chunk_records=100)
+    print(json.dumps(data.caches))
+"""
+
+
+def _start_prepare(spec: str, data_dir: pathlib.Path, script: pathlib.Path) -> subprocess.Popen:
+    script.write_text(PREPARE_AND_REPORT)
+    return subprocess.Popen(
+        [sys.executable, str(script), spec, str(data_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=pathlib.Path(__file__).parents[1],
+    )
+
+
+def test_a_prepare_waits_for_the_one_already_building_in_its_data_dir(spec, one_shot, tmp_path):
+    """A local sweep starts several runs on one data dir at once: a second builder would
+    delete or replace caches the first is writing, so it waits for the lock and then reuses."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    slug = sources.parse_spec(spec).slug
+    with open(data_dir / f".prepare-{slug}.lock", "w") as held:
+        held.write("12345\n")
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX)
+        waiting = _start_prepare(spec, data_dir, tmp_path / "run.py")
+        line = ""
+        while "waiting" not in line:  # its scan runs first, unlocked
+            line = waiting.stderr.readline()
+            assert line or waiting.poll() is None, "prepare ended without waiting"
+        assert "process 12345" in line and ".lock" in line
+        assert not (data_dir / "ids").exists() and not list(data_dir.glob("*.model"))
+        fcntl.flock(held, fcntl.LOCK_UN)
+    out, err = waiting.communicate(timeout=300)
+    assert waiting.returncode == 0, err
+    assert set(json.loads(out.splitlines()[-1]).values()) == {"built"}
+
+
+def test_two_prepares_started_together_build_once_and_agree(spec, one_shot, tmp_path):
+    data_dir = tmp_path / "data"
+    runs = [_start_prepare(spec, data_dir, tmp_path / f"run{i}.py") for i in range(2)]
+    reports = []
+    for run in runs:
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-2000:]
+        reports.append(set(json.loads(out.splitlines()[-1]).values()))
+    assert sorted(map(sorted, reports)) == [["built"], ["reused"]]
+    again = prepare.prepare(spec, data_dir, 400, workers=1, chunk_records=100)
+    assert set(again.caches.values()) == {"reused"}
+    for split in SPLITS:
+        for a, b in zip(_arrays(again.ids[split]), _arrays(one_shot.ids[split]), strict=True):
+            np.testing.assert_array_equal(a, b)

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import itertools
 import json
+import os
 import pathlib
 import sys
 
@@ -113,37 +116,78 @@ def prepare(
     with streaming.ChunkMap(workers) as chunk_map:
         scan = _scan(chunk_map, chunks())
         _check_splits(spec, scan.sizes)
-        train_print = scan.fingerprints["train"]
-        vocab_path = tokenizer.vocabulary_path(data_dir, spec.slug, vocab_size, train_print)
-        caches = {"vocabulary": "reused" if vocab_path.is_file() else "built"}
-        if not vocab_path.is_file():
-            texts = itertools.chain.from_iterable(chunk_map(streaming.training_texts, chunks()))
-            tokenizer.train_tokenizer(texts, vocab_size, vocab_path)
-        vocab = tokenizer.Tokenizer(vocab_path)
-        keys = {split: tokenizer.ids_key(vocab, scan.fingerprints[split]) for split in SPLITS}
-        paths = {
-            split: data_dir / "ids" / f"{vocab.path.stem}-{split}-{keys[split]}" for split in SPLITS
-        }
-        ids = {
-            split: id_cache.read(paths[split], keys[split], scan.sizes[split]) for split in SPLITS
-        }
-        missing = [split for split in SPLITS if ids[split] is None]
-        for split in SPLITS:
-            caches[f"ids_{split}"] = "built" if split in missing else "reused"
-        if missing:
-            store_key = hashlib.sha256(
-                f"{vocab.fingerprint}:{sorted(scan.fingerprints.items())}:{chunk_records}".encode()
-            ).hexdigest()[:16]
-            store = id_cache.ChunkStore(data_dir / "ids" / f"{vocab.path.stem}-{store_key}.chunks")
-            count = _encode(chunk_map, chunks(), vocab, store)
-            for split in missing:
-                ids[split] = _finish(store, split, count, paths[split], keys[split], scan)
-                if len(ids[split]) != scan.sizes[split]:
-                    raise CorpusError(
-                        f"{spec.name}: the {split} split changed while it was being prepared "
-                        f"({scan.sizes[split]} pairs, then {len(ids[split])}); run prepare again"
-                    )
-            store.remove()
+        with _one_builder(data_dir, spec):
+            return _build(spec, data_dir, vocab_size, chunk_records, chunk_map, chunks, scan)
+
+
+@contextlib.contextmanager
+def _one_builder(data_dir: pathlib.Path, spec: sources.SourceSpec):
+    """Hold `DATA_DIR/.prepare-SLUG.lock` (flock) while the vocabulary and id caches are
+    checked and built: runs started together on one data dir (a local sweep, the processes of
+    a multi-host job) build them once, the others wait and then reuse them. The OS releases
+    the lock when its holder dies."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    lock_file = data_dir / f".prepare-{spec.slug}.lock"
+    with open(lock_file, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            print(
+                f"prepare: waiting for process {holder}, which is preparing {spec.name} in "
+                f"{data_dir} (it holds {lock_file})",
+                file=sys.stderr,
+            )
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError as error:  # a file system without locks: builders may then collide
+            print(
+                f"prepare: {lock_file} cannot be locked ({error}); building unlocked",
+                file=sys.stderr,
+            )
+            yield
+            return
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build(spec, data_dir, vocab_size, chunk_records, chunk_map, chunks, scan) -> PreparedData:
+    """The vocabulary and each split's id cache, each built if missing (under `_one_builder`)."""
+    train_print = scan.fingerprints["train"]
+    vocab_path = tokenizer.vocabulary_path(data_dir, spec.slug, vocab_size, train_print)
+    caches = {"vocabulary": "reused" if vocab_path.is_file() else "built"}
+    if not vocab_path.is_file():
+        texts = itertools.chain.from_iterable(chunk_map(streaming.training_texts, chunks()))
+        tokenizer.train_tokenizer(texts, vocab_size, vocab_path)
+    vocab = tokenizer.Tokenizer(vocab_path)
+    keys = {split: tokenizer.ids_key(vocab, scan.fingerprints[split]) for split in SPLITS}
+    paths = {
+        split: data_dir / "ids" / f"{vocab.path.stem}-{split}-{keys[split]}" for split in SPLITS
+    }
+    ids = {split: id_cache.read(paths[split], keys[split], scan.sizes[split]) for split in SPLITS}
+    missing = [split for split in SPLITS if ids[split] is None]
+    for split in SPLITS:
+        caches[f"ids_{split}"] = "built" if split in missing else "reused"
+    if missing:
+        store_key = hashlib.sha256(
+            f"{vocab.fingerprint}:{sorted(scan.fingerprints.items())}:{chunk_records}".encode()
+        ).hexdigest()[:16]
+        store = id_cache.ChunkStore(data_dir / "ids" / f"{vocab.path.stem}-{store_key}.chunks")
+        count = _encode(chunk_map, chunks(), vocab, store)
+        for split in missing:
+            ids[split] = _finish(store, split, count, paths[split], keys[split], scan)
+            if len(ids[split]) != scan.sizes[split]:
+                raise CorpusError(
+                    f"{spec.name}: the {split} split changed while it was being prepared "
+                    f"({scan.sizes[split]} pairs, then {len(ids[split])}); run prepare again"
+                )
+        store.remove()
     return PreparedData(
         spec, vocab, ids, paths, scan.sizes, scan.filtered, scan.fingerprints, caches
     )
