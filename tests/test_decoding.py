@@ -206,3 +206,37 @@ def test_rows_of_padding_are_finished_from_the_start(search):
         result = decoding.beam_search(model, params, src, beam_size=2)
     assert int(result.lengths[1]) == 0 and np.all(np.asarray(result.ids[1]) == PAD_ID)
     assert int(result.lengths[0]) > 0
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_fewer_steps_give_the_same_search_or_say_it_is_incomplete(search):
+    """`max_steps` below the longest allowed output shrinks the cache; rows that end within it
+    are the full search's rows, and rows that need more say so."""
+    model, params = _model(5)
+    eos = _emitted_token(model, params, 0, 2)  # row 0 ends at step 3, the others run on
+
+    def run(max_steps):
+        if search == "greedy":
+            return decoding.greedy_search(
+                model, params, SRC, eos_id=eos, extra_length=20, chunk=4, max_steps=max_steps
+            )
+        return decoding.beam_search(
+            model, params, SRC, eos_id=eos, extra_length=20, chunk=4, max_steps=max_steps
+        )
+
+    full = run(None)
+    assert np.all(np.asarray(full.complete))
+    short = run(8)
+    assert short.ids.shape[1] == 8 and full.ids.shape[1] == 6 + 20 + 2  # rounded to chunks
+    lengths = np.asarray(full.lengths)
+    assert lengths.min() <= 8 < lengths.max()  # both kinds of row
+    complete = np.asarray(short.complete)
+    for row in range(len(SRC)):
+        if lengths[row] > 8:
+            assert not complete[row]
+        if complete[row]:
+            np.testing.assert_array_equal(short.ids[row], full.ids[row, :8])
+            assert short.lengths[row] == full.lengths[row]
+            np.testing.assert_allclose(short.scores[row], full.scores[row], atol=1e-5)
+    if search == "greedy":
+        np.testing.assert_array_equal(complete, lengths <= 8)

@@ -69,3 +69,21 @@ def test_table3_configs_score_the_validation_split():
 
     assert job_config_from(table3.get_config("E")).final.split == "validation"
     assert job_config_from(default.get_config()).final.split == "test"
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_a_batch_that_needs_every_position_is_searched_again_with_all_of_them(beam_size):
+    """translate first decodes in fewer positions than the longest allowed output; an untrained
+    model rarely emits EOS, so its outputs run to the limit (source + 50) and must come out as
+    the search over every position gives them."""
+    config = tiny_model_config(40)
+    model = Transformer(config)
+    src = np.array([[5, 6, 7, 2], [8, 9, 2, 0]], np.int32)
+    params = model.init(jax.random.key(3), src, src)["params"]
+    settings = translate.TranslateConfig(beam_size=beam_size)
+    assert translate.first_try_steps(src.shape[1]) < src.shape[1] + settings.extra_length
+    full = translate.run_search(model, params, src, settings)
+    assert np.asarray(full.lengths).max() > translate.first_try_steps(src.shape[1])
+    searched = translate.search_batch(model, params, src, settings)
+    np.testing.assert_array_equal(searched.ids, full.ids)
+    np.testing.assert_array_equal(searched.lengths, full.lengths)

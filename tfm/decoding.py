@@ -37,16 +37,31 @@ from tfm.tokens import BOS_ID, EOS_ID, PAD_ID
 Array = jax.Array
 
 
-def max_output_lengths(src: Array, extra_length: int, max_steps: int) -> Array:
-    """`[batch]` most tokens each sentence may generate: its source length + extra_length; 0 for
-    an all-padding row (a row that only fills a batch), which is then finished from the start."""
+def max_output_lengths(src: Array, extra_length: int, max_steps: int | None = None) -> Array:
+    """`[batch]` most tokens each sentence may generate: its source length + extra_length (at
+    most `max_steps` if given); 0 for an all-padding row (a row that only fills a batch), which
+    is then finished from the start."""
     src_lengths = jnp.sum(src != PAD_ID, axis=-1)
-    return jnp.where(src_lengths > 0, jnp.minimum(src_lengths + extra_length, max_steps), 0)
+    limits = src_lengths + extra_length
+    if max_steps is not None:
+        limits = jnp.minimum(limits, max_steps)
+    return jnp.where(src_lengths > 0, limits, 0)
 
 
 def steps_allocated(src_len: int, extra_length: int, chunk: int) -> int:
     """Output positions to allocate: src_len + extra_length rounded up to whole chunks."""
     return int(math.ceil((src_len + extra_length) / chunk) * chunk)
+
+
+def _steps(src_len: int, extra_length: int, chunk: int, max_steps: int | None) -> int:
+    """The positions a search allocates: every allowed output's, or `max_steps` (whole chunks)
+    when that is fewer, leaving rows that need more incomplete (`SearchResult.complete`)."""
+    allowed = steps_allocated(src_len, extra_length, chunk)
+    if max_steps is None:
+        return allowed
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    return min(allowed, steps_allocated(max_steps, 0, chunk))
 
 
 def transformer_step_fn(model: Transformer, params) -> StepFn:
@@ -75,21 +90,30 @@ def _argmax(logits: Array, step: Array) -> Array:
 
 
 def _transformer_one_token_per_step(
-    model: Transformer, params, src: Array, pick, eos_id: int | None, extra_length: int, chunk: int
+    model: Transformer,
+    params,
+    src: Array,
+    pick,
+    eos_id: int | None,
+    extra_length: int,
+    chunk: int,
+    max_steps: int | None,
 ) -> SearchResult:
-    max_steps = steps_allocated(src.shape[1], extra_length, chunk)
+    steps = _steps(src.shape[1], extra_length, chunk, max_steps)
     return search_one_token_per_step(
         transformer_step_fn(model, params),
-        encode_and_init_cache(model, params, src, 1, max_steps),
-        max_output_lengths(src, extra_length, max_steps),
-        max_steps,
+        encode_and_init_cache(model, params, src, 1, steps),
+        max_output_lengths(src, extra_length),
+        steps,
         pick,
         eos_id=eos_id,
         chunk=chunk,
     )
 
 
-@functools.partial(jax.jit, static_argnames=("model", "eos_id", "extra_length", "chunk"))
+@functools.partial(
+    jax.jit, static_argnames=("model", "eos_id", "extra_length", "chunk", "max_steps")
+)
 def greedy_search(
     model: Transformer,
     params,
@@ -98,6 +122,7 @@ def greedy_search(
     eos_id: int | None = EOS_ID,
     extra_length: int = PAPER_EXTRA_LENGTH,
     chunk: int = 8,
+    max_steps: int | None = None,
 ) -> SearchResult:
     """Greedy decoding with the KV cache: at each step the most probable next token.
 
@@ -108,16 +133,31 @@ def greedy_search(
       eos_id: stop a sentence after this token; None never stops early (benchmarks).
       extra_length: each sentence generates at most its source length + extra_length tokens.
       chunk: decoding steps per scan between checks for "all finished".
+      max_steps: decoder positions to allocate, when fewer than the longest allowed output
+        (src_len + extra_length, rounded up to a multiple of `chunk`): the cache and the work per
+        step shrink with it; a row not finished within them has `complete` False (run it again
+        without max_steps). Rounded up to a multiple of `chunk`.
     Returns:
-      `SearchResult`; `ids` is `[batch, max_steps]`, max_steps = src_len + extra_length rounded up
-      to a multiple of `chunk`.
+      `SearchResult`; `ids` is `[batch, steps]`, steps = src_len + extra_length or `max_steps`,
+      whichever is fewer, rounded up to a multiple of `chunk`.
     """
-    return _transformer_one_token_per_step(model, params, src, _argmax, eos_id, extra_length, chunk)
+    return _transformer_one_token_per_step(
+        model, params, src, _argmax, eos_id, extra_length, chunk, max_steps
+    )
 
 
 @functools.partial(
     jax.jit,
-    static_argnames=("model", "temperature", "top_k", "top_p", "eos_id", "extra_length", "chunk"),
+    static_argnames=(
+        "model",
+        "temperature",
+        "top_k",
+        "top_p",
+        "eos_id",
+        "extra_length",
+        "chunk",
+        "max_steps",
+    ),
 )
 def sample(
     model: Transformer,
@@ -131,6 +171,7 @@ def sample(
     eos_id: int | None = EOS_ID,
     extra_length: int = PAPER_EXTRA_LENGTH,
     chunk: int = 8,
+    max_steps: int | None = None,
 ) -> SearchResult:
     """Ancestral sampling with temperature, top-k and nucleus (top-p) filtering; reproducible for
     a fixed `rng` (step i draws with `fold_in(rng, i)`). Arguments as `greedy_search`; scores are
@@ -140,11 +181,14 @@ def sample(
         filtered = filter_logits(logits, temperature, top_k, top_p)
         return jax.random.categorical(jax.random.fold_in(rng, step), filtered, axis=-1)
 
-    return _transformer_one_token_per_step(model, params, src, pick, eos_id, extra_length, chunk)
+    return _transformer_one_token_per_step(
+        model, params, src, pick, eos_id, extra_length, chunk, max_steps
+    )
 
 
 @functools.partial(
-    jax.jit, static_argnames=("model", "beam_size", "alpha", "eos_id", "extra_length", "chunk")
+    jax.jit,
+    static_argnames=("model", "beam_size", "alpha", "eos_id", "extra_length", "chunk", "max_steps"),
 )
 def beam_search(
     model: Transformer,
@@ -156,18 +200,20 @@ def beam_search(
     eos_id: int | None = EOS_ID,
     extra_length: int = PAPER_EXTRA_LENGTH,
     chunk: int = 8,
+    max_steps: int | None = None,
 ) -> BeamSearchResult:
     """Beam search with the GNMT length penalty (section 6.1: beam 4, alpha 0.6, source length +
     50) over `[batch, src_len]` source ids; see `search_beams`.
 
-    Returns a `BeamSearchResult` (best hypothesis first). Other arguments as `greedy_search`.
+    Returns a `BeamSearchResult` (best hypothesis first). Other arguments, `max_steps` too, as
+    `greedy_search`.
     """
-    max_steps = steps_allocated(src.shape[1], extra_length, chunk)
+    steps = _steps(src.shape[1], extra_length, chunk, max_steps)
     return search_beams(
         transformer_step_fn(model, params),
-        encode_and_init_cache(model, params, src, beam_size, max_steps),
-        max_output_lengths(src, extra_length, max_steps),
-        max_steps,
+        encode_and_init_cache(model, params, src, beam_size, steps),
+        max_output_lengths(src, extra_length),
+        steps,
         beam_size=beam_size,
         alpha=alpha,
         eos_id=eos_id,

@@ -37,11 +37,14 @@ PAPER_EXTRA_LENGTH = 50
 class SearchResult:
     """ids: `[batch, max_steps]` generated tokens (EOS included, PAD after it); scores: `[batch]`
     sum of token log-probabilities (beam search: divided by the length penalty); lengths:
-    `[batch]` tokens generated, EOS included."""
+    `[batch]` tokens generated, EOS included; complete: `[batch]` the row's search ended within
+    `max_steps` (False only when its length limit lies beyond them: its result is then cut
+    short, and a caller runs it again with more steps)."""
 
     ids: Array
     scores: Array
     lengths: Array
+    complete: Array = None
 
 
 @struct.dataclass
@@ -145,7 +148,8 @@ def search_one_token_per_step(
     Args:
       step_fn: `(cache, tokens [batch], position) -> (logits [batch, vocab], cache)`.
       cache: the step function's state for `batch` rows (any pytree).
-      max_lengths: `[batch]` most tokens each row may generate (<= max_steps).
+      max_lengths: `[batch]` most tokens each row may generate; a row whose limit lies beyond
+        `max_steps` and that has not ended by then is left incomplete (`complete`).
       max_steps: output positions allocated (static).
       pick: the choice rule, e.g. argmax.
       eos_id: a row finishes after emitting this token; None = only at its length limit.
@@ -166,7 +170,8 @@ def search_one_token_per_step(
         return _TokenByTokenState(cache=cache, last=token, out=out)
 
     state = _run_in_chunks(step, state, lambda s: jnp.all(s.out.done), max_steps, chunk)
-    return SearchResult(ids=state.out.ids, scores=state.out.scores, lengths=state.out.lengths)
+    out = state.out
+    return SearchResult(ids=out.ids, scores=out.scores, lengths=out.lengths, complete=out.done)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,7 +311,8 @@ def search_beams(
       cache: the step function's state for `batch * beam` rows, with a method
         `reorder_beams(rows [batch * beam]) -> cache` that makes new row r the old row
         `rows[r]` (rows only ever move within one sentence's beams).
-      max_lengths: `[batch]` most tokens each sentence may generate (<= max_steps).
+      max_lengths: `[batch]` most tokens each sentence may generate (see
+        `search_one_token_per_step`).
       max_steps, eos_id, chunk: as `search_one_token_per_step`.
     """
     state = BeamState.start(cache, max_lengths, beam_size, max_steps)
@@ -318,6 +324,7 @@ def search_beams(
         ids=state.finished_ids[:, 0],
         scores=state.finished_scores[:, 0],
         lengths=state.finished_lengths[:, 0],
+        complete=state.done,
         beams=state.finished_ids,
         beam_scores=state.finished_scores,
     )
