@@ -289,6 +289,44 @@ def measure_workload(
     return result
 
 
+def _real_file(workdir: str, data_dir: str) -> dict:
+    """translate_file.py in its own process, after the other workloads (nothing else runs)."""
+    _log(f"real file: translating the test split of {workdir}")
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "translate_file.py")
+        command = [sys.executable, script, "--workdir", workdir, "--data_dir", data_dir]
+        subprocess.run([*command, "--out", out.name], check=True, stdout=subprocess.DEVNULL)
+        with open(out.name) as written:
+            return json.load(written)
+
+
+def _real_file_goals(result: dict | None) -> list[dict]:
+    """tfm at least as fast as CTranslate2 float32 warm; its first run, compilation included,
+    within 1.5x of a warm one."""
+    if result is None:
+        return []
+    systems = result["systems"]
+    tfm_seconds = systems["tfm"]["median_seconds"]
+    ratio = systems["ct2_float32"]["median_seconds"] / tfm_seconds
+    compile_ratio = result["tfm_first_run_seconds_with_compilation"] / tfm_seconds
+    return [
+        dict(
+            workload="real_file_beam4",
+            tfm_over="ct2_float32",
+            goal=1.0,
+            measured=ratio,
+            met=ratio >= 1.0,
+        ),
+        dict(
+            workload="real_file_beam4",
+            tfm_first_run_over_warm=compile_ratio,
+            goal=1.5,
+            measured=compile_ratio,
+            met=compile_ratio <= 1.5,
+        ),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -301,6 +339,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     parser.add_argument("--train_runs", type=int, default=2, help="training steps per round")
     parser.add_argument("--decode_runs", type=int, default=2, help="decodes per round")
+    parser.add_argument(
+        "--real_file",
+        metavar="WORKDIR",
+        help="also translate this trained workdir's test split with beam 4, text in and out "
+        "(translate_file.py: tfm vs its CTranslate2 float32/int8 and Hugging Face exports)",
+    )
+    parser.add_argument("--real_file_data_dir", default="data", help="its prepared data")
     parser.add_argument("--out", help="also write the JSON to this file")
     args = parser.parse_args()
     if args.worker:
@@ -331,7 +376,9 @@ def main() -> None:
         for worker in workers.values():
             worker.close()
 
-    goals = []
+    if args.real_file:
+        results["real_file_beam4"] = _real_file(args.real_file, args.real_file_data_dir)
+    goals = _real_file_goals(results.get("real_file_beam4"))
     for workload, other, minimum in GOALS:
         ratio = results.get(workload, {}).get("ratios_tfm_over", {}).get(other)
         if ratio is not None:
