@@ -240,3 +240,20 @@ def test_fewer_steps_give_the_same_search_or_say_it_is_incomplete(search):
             np.testing.assert_allclose(short.scores[row], full.scores[row], atol=1e-5)
     if search == "greedy":
         np.testing.assert_array_equal(complete, lengths <= 8)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_stopping_once_the_best_is_settled_keeps_the_best_hypothesis(alpha):
+    """settle="best" (tensor2tensor's stop_early) stops a sentence once no alive beam can beat
+    its best finished hypothesis, sooner than waiting for all k: the best must not change."""
+    for seed in range(4):
+        model, params = _model(seed)
+        eos = _emitted_token(model, params, seed % 3, 2)
+        common = dict(beam_size=4, alpha=alpha, eos_id=eos, extra_length=12, chunk=1)
+        best = decoding.beam_search(model, params, SRC, settle="best", **common)
+        every = decoding.beam_search(model, params, SRC, settle="beams", **common)
+        np.testing.assert_array_equal(best.ids, every.ids)
+        np.testing.assert_array_equal(best.lengths, every.lengths)
+        np.testing.assert_allclose(best.scores, every.scores, atol=1e-6)
+    with pytest.raises(ValueError, match="settle"):
+        decoding.beam_search(model, params, SRC, settle="first")

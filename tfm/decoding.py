@@ -188,7 +188,16 @@ def sample(
 
 @functools.partial(
     jax.jit,
-    static_argnames=("model", "beam_size", "alpha", "eos_id", "extra_length", "chunk", "max_steps"),
+    static_argnames=(
+        "model",
+        "beam_size",
+        "alpha",
+        "eos_id",
+        "extra_length",
+        "chunk",
+        "max_steps",
+        "settle",
+    ),
 )
 def beam_search(
     model: Transformer,
@@ -201,12 +210,14 @@ def beam_search(
     extra_length: int = PAPER_EXTRA_LENGTH,
     chunk: int = 8,
     max_steps: int | None = None,
+    settle: str = "best",
 ) -> BeamSearchResult:
     """Beam search with the GNMT length penalty (section 6.1: beam 4, alpha 0.6, source length +
     50) over `[batch, src_len]` source ids; see `search_beams`.
 
-    Returns a `BeamSearchResult` (best hypothesis first). Other arguments, `max_steps` too, as
-    `greedy_search`.
+    Returns a `BeamSearchResult` (best hypothesis first); `settle="beams"` when all its kept
+    hypotheses (`beams`) must be the k best, not only the first. Other arguments, `max_steps`
+    too, as `greedy_search`.
     """
     steps = _steps(src.shape[1], extra_length, chunk, max_steps)
     return search_beams(
@@ -218,6 +229,7 @@ def beam_search(
         alpha=alpha,
         eos_id=eos_id,
         chunk=chunk,
+        settle=settle,
     )
 
 

@@ -232,6 +232,7 @@ def beam_search_step(
     max_lengths: Array,
     alpha: float,
     eos_id: int | None,
+    settle: str = "best",
 ) -> BeamState:
     """Extend every alive hypothesis by every token, keep the best `beam` that did not end as the
     new alive set and merge those that ended into the finished set (section 6.1)."""
@@ -273,7 +274,8 @@ def beam_search_step(
     best_reachable = alive_log_probs[:, 0] / length_penalty(max_lengths, alpha)  # [b]
     if alpha < 0:
         best_reachable = alive_log_probs[:, 0] / length_penalty(length + 1, alpha)
-    done_now = (finished_scores[:, -1] >= best_reachable) | (length >= max_lengths)
+    settled = finished_scores[:, 0] if settle == "best" else finished_scores[:, -1]
+    done_now = (settled >= best_reachable) | (length >= max_lengths)
 
     def keep_if_done(old: Array, new: Array) -> Array:
         shape = (batch,) + (1,) * (new.ndim - 1)
@@ -300,10 +302,14 @@ def search_beams(
     alpha: float = PAPER_ALPHA,
     eos_id: int | None = EOS_ID,
     chunk: int = 8,
+    settle: str = "best",
 ) -> BeamSearchResult:
     """Beam search over any model. Hypotheses are ranked by log P(Y) / lp(Y), |Y| counting EOS;
     one that reaches its length limit without EOS is finished there; a sentence stops once its
-    k-th best finished score beats anything its alive beams could still reach.
+    best finished score (`settle="best"`) or its k-th best (`settle="beams"`) beats anything its
+    alive beams could still reach. Either way the best hypothesis is exact; "best" (the stop_early
+    rule of the paper's tensor2tensor) stops sooner, and only "beams" makes every kept finished
+    hypothesis (`beams`) the k best.
 
     Args:
       step_fn: `(cache, tokens [batch * beam], position) -> (logits [batch * beam, vocab],
@@ -315,9 +321,16 @@ def search_beams(
         `search_one_token_per_step`).
       max_steps, eos_id, chunk: as `search_one_token_per_step`.
     """
+    if settle not in ("best", "beams"):
+        raise ValueError(f"settle must be 'best' or 'beams', got {settle!r}")
     state = BeamState.start(cache, max_lengths, beam_size, max_steps)
     step = functools.partial(
-        beam_search_step, step_fn, max_lengths=max_lengths, alpha=alpha, eos_id=eos_id
+        beam_search_step,
+        step_fn,
+        max_lengths=max_lengths,
+        alpha=alpha,
+        eos_id=eos_id,
+        settle=settle,
     )
     state = _run_in_chunks(step, state, lambda s: jnp.all(s.done), max_steps, chunk)
     return BeamSearchResult(
