@@ -290,7 +290,7 @@ def measure_workload(
 
 
 def _real_file(workdir: str, data_dir: str) -> dict:
-    """translate_file.py in its own process, after the other workloads (nothing else runs)."""
+    """translate_file.py in its own process, before the other workloads (nothing else runs)."""
     _log(f"real file: translating the test split of {workdir}")
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "translate_file.py")
@@ -354,6 +354,8 @@ def main() -> None:
     if "tfm" not in args.systems:
         parser.error("--systems must include tfm (every ratio is against it)")
 
+    # first, before any worker starts: a wrong workdir or data dir fails in seconds
+    real_file = _real_file(args.real_file, args.real_file_data_dir) if args.real_file else None
     kinds = sorted({SYSTEMS[s][0] for s in args.systems})
     workers: dict[str, Worker] = {}
     try:
@@ -376,9 +378,9 @@ def main() -> None:
         for worker in workers.values():
             worker.close()
 
-    if args.real_file:
-        results["real_file_beam4"] = _real_file(args.real_file, args.real_file_data_dir)
-    goals = _real_file_goals(results.get("real_file_beam4"))
+    if real_file is not None:
+        results["real_file_beam4"] = real_file
+    goals = _real_file_goals(real_file)
     for workload, other, minimum in GOALS:
         ratio = results.get(workload, {}).get("ratios_tfm_over", {}).get(other)
         if ratio is not None:
