@@ -126,8 +126,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tfm-export-") as exported:
         loaded, systems = _systems(args.workdir, exported, threads, args.hf_batch)
         data = prepare(loaded.card.dataset, args.data_dir, loaded.model.config.vocab_size)
-        if data.tokenizer.fingerprint != loaded.tokenizer.fingerprint:
-            raise SystemExit(f"{args.data_dir} holds another vocabulary than {args.workdir}")
+        # the split's text is what must match (each system tokenizes it with its own copy of
+        # the workdir's vocabulary); cards from before fingerprints have none to compare
+        trained_on = loaded.card.dataset_fingerprint
+        if trained_on and trained_on != data.dataset_fingerprint:
+            raise SystemExit(
+                f"{args.data_dir} holds other {loaded.card.dataset} data than "
+                f"{args.workdir} was trained on"
+            )
         pairs = data.texts(args.split)
         if args.limit:
             pairs = pairs[: args.limit]
