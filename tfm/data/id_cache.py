@@ -205,7 +205,8 @@ class ChunkStore:
                 totals["pairs"] += len(chunk[f"{split}.src_lengths"])
                 for side in ("src", "tgt"):
                     totals[side] += int(chunk[f"{split}.{side}_lengths"].sum(dtype=np.int64))
-                dtype = chunk[f"{split}.src_ids"].dtype
+                if dtype is None:  # the same in every chunk; reading ids costs a pass
+                    dtype = chunk[f"{split}.src_ids"].dtype
         partial = _partial(path)
         files = {}
         for side in ("src", "tgt"):

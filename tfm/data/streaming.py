@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 
 from tfm.data.corpus import RawChunk, fingerprint_feed, parse_chunk
-from tfm.data.id_cache import ChunkStore, flatten, id_dtype
-from tfm.data.tokenizer import Tokenizer
+from tfm.data.id_cache import ChunkStore
+from tfm.data.tokenizer import Tokenizer, encode_pairs
 
 HELD_OUT = ("validation", "test")
 
@@ -96,18 +96,16 @@ def _tokenizer(path: str) -> Tokenizer:
 def encode_chunk(task: tuple[int, RawChunk, str, str]) -> int:
     """Encode chunk `index` into the `ChunkStore` at `store`: its ids per split and side as the
     vocabulary's `id_dtype`, their lengths, the held-out splits' texts, and each split's digest
-    of the text encoded. The worker writes
-    the file itself, so ids never travel back through the parent process."""
+    of the text encoded. The worker writes the file itself, so ids never travel back through
+    the parent process."""
     index, chunk, vocabulary, store = task
     tokenizer = _tokenizer(vocabulary)
-    dtype = id_dtype(tokenizer.vocab_size)
     arrays = {}
     for split, pairs in parse_chunk(chunk).splits.items():
         # what the scan saw of this chunk must be what is encoded (checked when joining)
         digest = hashlib.sha256(fingerprint_feed(pairs)).digest()
         arrays[f"{split}.digest"] = np.frombuffer(digest, np.uint8)
-        for side, texts in (("src", [s for s, _ in pairs]), ("tgt", [t for _, t in pairs])):
-            flat, lengths = flatten(tokenizer.encode_batch(texts, threads=1), dtype)
+        for side, (flat, lengths) in encode_pairs(tokenizer, pairs, threads=1).items():
             arrays[f"{split}.{side}_ids"] = flat
             arrays[f"{split}.{side}_lengths"] = lengths
         if split in HELD_OUT:

@@ -165,6 +165,18 @@ def load_or_train(
     return train_tokenizer(texts, vocab_size, path)
 
 
+def encode_pairs(
+    tokenizer: Tokenizer, pairs: Sequence[tuple[str, str]], threads: int = 2
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """ "src" and "tgt" -> (every pair's ids, concatenated as the vocabulary's `id_dtype`, and
+    `[pairs]` int32 lengths): what each id cache stores of a list of pairs."""
+    dtype = id_cache.id_dtype(tokenizer.vocab_size)
+    return {
+        side: id_cache.flatten(tokenizer.encode_batch(texts, threads=threads), dtype)
+        for side, texts in (("src", [s for s, _ in pairs]), ("tgt", [t for _, t in pairs]))
+    }
+
+
 def tokenize_split(
     pairs: Sequence[tuple[str, str]],
     tokenizer,
@@ -178,10 +190,8 @@ def tokenize_split(
     cached = id_cache.read(cache_path, key, len(pairs))
     if cached is not None:
         return cached
-    dtype = id_cache.id_dtype(tokenizer.vocab_size)
     arrays = {}
-    for side, texts in (("src", [s for s, _ in pairs]), ("tgt", [t for _, t in pairs])):
-        flat, lengths = id_cache.flatten(tokenizer.encode_batch(texts), dtype)
+    for side, (flat, lengths) in encode_pairs(tokenizer, pairs).items():
         arrays[f"{side}_ids"] = flat
         arrays[f"{side}_offsets"] = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
     return id_cache.write(cache_path, arrays, key, pairs if keep_texts else None)
