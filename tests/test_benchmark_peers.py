@@ -146,3 +146,40 @@ def test_compare_runs_and_reports_agreement(tmp_path):
         assert agreement["rows_identical"] == 1.0, system
     assert {g["tfm_over"] for g in report["goals"]} == {"ct2", "hf"}
     assert jax.tree.leaves(report["matmul_ceiling_gflops"])
+
+
+def test_the_readme_medians_are_the_medians_of_the_runs():
+    """summarize.py quotes, per figure, the median over runs of each run's median."""
+    import summarize
+
+    def run(tfm_seconds, torch_seconds, ct2_file_seconds):
+        systems = {
+            "tfm": dict(tokens_per_second=100 / tfm_seconds, mfu=0.1 / tfm_seconds),
+            "torch": dict(tokens_per_second=100 / torch_seconds, peak_rss_mb=torch_seconds),
+        }
+        real = {"tfm": 10.0, "ct2_float32": ct2_file_seconds}
+        return dict(
+            date="d",
+            workloads=dict(
+                train_small=dict(
+                    systems=systems, ratios_tfm_over={"torch": torch_seconds / tfm_seconds}
+                ),
+                real_file_beam4=dict(
+                    systems={
+                        name: dict(median_seconds=s, sentences_per_second=50 / s, sacrebleu=30.0)
+                        for name, s in real.items()
+                    },
+                    tfm_first_run_seconds_with_compilation=15.0,
+                ),
+            ),
+        )
+
+    table = summarize.summarize([run(1.0, 2.0, 5.0), run(2.0, 2.0, 20.0), run(4.0, 3.0, 10.0)])
+    lines = summarize.markdown(table).splitlines()
+    assert "| train_small | tfm | 50 [25-100] tok/s, MFU 5 [2-10]% | - | - |" in lines
+    assert "| train_small | torch | 50 [33-50] tok/s | 2 [2-3] | 1.00 [0.75-2.00] |" in lines
+    assert (
+        "| real_file_beam4 | ct2_float32 | 5.0 [2.5-10.0] sentences/s | - | 1.00 [0.50-2.00] |"
+        in lines
+    )
+    assert "| real_file_beam4 | tfm first run / warm | 1.50 [1.50-1.50] | - | - |" in lines
