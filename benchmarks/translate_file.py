@@ -18,7 +18,6 @@ import argparse
 import datetime
 import json
 import os
-import pathlib
 import platform
 import statistics
 import sys
@@ -40,11 +39,10 @@ def _systems(workdir: str, exported: str, threads: int, hf_batch: int):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from tfm import translate
-    from tfm.export.__main__ import _scored_average
     from tfm.export.__main__ import main as export
-    from tfm.workdir import load
+    from tfm.workdir import load, scored_average
 
-    loaded_average = _scored_average(pathlib.Path(workdir))
+    loaded_average = scored_average(workdir)
     loaded = load(workdir, average=loaded_average)
     config = translate.TranslateConfig(beam_size=BEAM)
     params = jax.device_put(loaded.params)

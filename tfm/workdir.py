@@ -250,6 +250,19 @@ def check_resume(workdir: Workdir, card: ModelCard) -> list[str]:
     ]
 
 
+def scored_average(root: str | pathlib.Path) -> int:
+    """How many checkpoints the job's final evaluation averaged (results.json; 1 if that has not
+    run): what `load(root, average=...)` needs to give the parameters the job scored."""
+    path = Workdir(pathlib.Path(root)).results
+    if not path.is_file():
+        return 1
+    result = json.loads(path.read_text())
+    for split in ("test", "validation"):
+        if split in result:
+            return max(1, len(result[split].get("averaged_steps", [])))
+    return 1
+
+
 @dataclasses.dataclass
 class Loaded:
     """A trained model ready to translate: module, parameters (on device), vocabulary, card, and

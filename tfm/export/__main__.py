@@ -20,18 +20,6 @@ import sys
 from tfm.export.weights import ExportError, from_tfm_params
 
 
-def _scored_average(workdir: pathlib.Path) -> int:
-    """How many checkpoints the job's final evaluation averaged (1 if it has not run)."""
-    path = workdir / "results.json"
-    if not path.is_file():
-        return 1
-    result = json.loads(path.read_text())
-    for split in ("test", "validation"):
-        if split in result:
-            return max(1, len(result[split].get("averaged_steps", [])))
-    return 1
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tfm.export",
@@ -54,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from absl import logging
 
     from tfm.export import ct2, hf
-    from tfm.workdir import LoadError, load
+    from tfm.workdir import LoadError, load, scored_average
 
     logging.set_verbosity(logging.ERROR)  # orbax logs every checkpoint file it reads
 
@@ -63,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ExportError(f"{args.out} exists; remove it or choose another output directory")
         if args.target == "hf" and args.quantization != "float32":
             raise ExportError("--quantization applies to ct2 only; hf exports float32")
-        average = args.average or (None if args.step is not None else _scored_average(args.workdir))
+        average = args.average or (None if args.step is not None else scored_average(args.workdir))
         loaded = load(args.workdir, step=args.step, average=average)
         config = loaded.model.config
         positions = config.max_positions if config.positional == "learned" else args.max_positions
