@@ -94,7 +94,11 @@ def encode_sources(tokenizer, texts: Sequence[str], config: TranslateConfig) -> 
 
 
 def run_search(
-    model: Transformer, params, src: np.ndarray, config: TranslateConfig, max_steps=None
+    model: Transformer,
+    params,
+    src: np.ndarray,
+    config: TranslateConfig,
+    max_steps: int | None = None,
 ):
     """Greedy (beam_size 1) or beam search over `[batch, src_len]` source ids, in `max_steps`
     decoder positions (None: every allowed output's)."""
