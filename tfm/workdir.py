@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import pathlib
@@ -32,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfm import checkpoint as ckpt
+from tfm import file_lock
 from tfm.config import ModelConfig
 from tfm.data.tokenizer import Tokenizer
 from tfm.model import Transformer
@@ -120,24 +120,15 @@ def exclusive(workdir: Workdir):
     holder. The OS releases the lock when the process dies, so a killed run never blocks the
     next one."""
     workdir.root.mkdir(parents=True, exist_ok=True)
-    with open(workdir.lock_file, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            raise WorkdirError(
-                f"{workdir.root} is in use by process {holder} (it holds {workdir.lock_file}); "
-                "wait for it to finish, stop it, or train in another --workdir"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def refuse(holder: str) -> None:
+        raise WorkdirError(
+            f"{workdir.root} is in use by process {holder} (it holds {workdir.lock_file}); "
+            "wait for it to finish, stop it, or train in another --workdir"
+        )
+
+    with file_lock.held(workdir.lock_file, refuse):
+        yield
 
 
 def start_over(workdir: Workdir) -> pathlib.Path | None:

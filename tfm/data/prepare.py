@@ -12,16 +12,15 @@ import argparse
 import collections
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import itertools
 import json
-import os
 import pathlib
 import sys
 
 from tqdm import tqdm
 
+from tfm import file_lock
 from tfm.data import batching, id_cache, sources, streaming, tokenizer
 from tfm.data.corpus import SPLITS, CorpusError
 from tfm.data.gettext_catalogs import CatalogError
@@ -128,33 +127,21 @@ def _one_builder(data_dir: pathlib.Path, spec: sources.SourceSpec):
     the lock when its holder dies."""
     data_dir.mkdir(parents=True, exist_ok=True)
     lock_file = data_dir / f".prepare-{spec.slug}.lock"
-    with open(lock_file, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            print(
-                f"prepare: waiting for process {holder}, which is preparing {spec.name} in "
-                f"{data_dir} (it holds {lock_file})",
-                file=sys.stderr,
-            )
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        except OSError as error:  # a file system without locks: builders may then collide
-            print(
-                f"prepare: {lock_file} cannot be locked ({error}); building unlocked",
-                file=sys.stderr,
-            )
-            yield
-            return
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def wait(holder: str) -> None:
+        print(
+            f"prepare: waiting for process {holder}, which is preparing {spec.name} in "
+            f"{data_dir} (it holds {lock_file})",
+            file=sys.stderr,
+        )
+
+    def unlocked(error: OSError) -> None:  # builders started together may then collide
+        print(
+            f"prepare: {lock_file} cannot be locked ({error}); building unlocked", file=sys.stderr
+        )
+
+    with file_lock.held(lock_file, wait, unlocked):
+        yield
 
 
 def _build(spec, data_dir, vocab_size, chunk_records, chunk_map, chunks, scan) -> PreparedData:
