@@ -54,7 +54,12 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULTS.extra_length,
         help="maximum output length = source length + this",
     )
-    parser.add_argument("--batch_tokens", type=int, default=DEFAULTS.batch_tokens)
+    parser.add_argument(
+        "--batch_tokens",
+        type=int,
+        default=None,
+        help="padded source tokens x beams per batch (default: 1024 on CPU, 4096 on GPU/TPU)",
+    )
     parser.add_argument(
         "--overlong",
         choices=("truncate", "error"),
@@ -98,7 +103,12 @@ def _check_numbers(args) -> None:
     checks = [
         ("--beam_size", args.beam_size, args.beam_size >= 1, "at least 1"),
         ("--extra_length", args.extra_length, args.extra_length >= 0, "at least 0"),
-        ("--batch_tokens", args.batch_tokens, args.batch_tokens >= 1, "at least 1"),
+        (
+            "--batch_tokens",
+            args.batch_tokens,
+            args.batch_tokens is None or args.batch_tokens >= 1,
+            "at least 1",
+        ),
         ("--alpha", args.alpha, math.isfinite(args.alpha) and args.alpha >= 0, "a number >= 0"),
         ("--average", args.average, args.average is None or args.average >= 1, "at least 1"),
         ("--step", args.step, args.step is None or args.step >= 0, "at least 0"),

@@ -60,7 +60,8 @@ def base_config() -> ml_collections.ConfigDict:
             beam_size=defaults.beam_size,
             alpha=defaults.alpha,
             extra_length=defaults.extra_length,
-            batch_tokens=defaults.batch_tokens,
+            # None: tfm.translate.default_batch_tokens() for the backend decoding runs on
+            batch_tokens=config_dict.placeholder(int),
             average_last=5,
             num_samples=6,
             enabled=True,

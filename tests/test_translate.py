@@ -87,3 +87,43 @@ def test_a_batch_that_needs_every_position_is_searched_again_with_all_of_them(be
     searched = translate.search_batch(model, params, src, settings)
     np.testing.assert_array_equal(searched.ids, full.ids)
     np.testing.assert_array_equal(searched.lengths, full.lengths)
+
+
+def test_translations_do_not_depend_on_the_batch_size():
+    """The default batch (None: sized for the backend) and any other give the same outputs:
+    filler rows and batch boundaries never leak into a sentence's search."""
+    config = tiny_model_config(40)
+    model = Transformer(config)
+    src = np.ones((1, 4), np.int32)
+    params = model.init(jax.random.key(5), src, src)["params"]
+    words = [f"w{i}" for i in range(36)]
+    tokenizer = WordTokenizer(words)
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(words, rng.integers(1, 20))) for _ in range(23)] + [""]
+    outputs = {
+        batch_tokens: translate.translate(
+            model,
+            params,
+            tokenizer,
+            texts,
+            translate.TranslateConfig(beam_size=2, extra_length=6, batch_tokens=batch_tokens),
+        )
+        for batch_tokens in (None, 32, 4096)
+    }
+    assert outputs[None] == outputs[32] == outputs[4096]
+    assert outputs[None][-1] == ""
+
+
+def test_the_default_batch_is_read_from_the_config_or_sized_for_the_backend():
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    from configs import default
+    from tfm.job import job_config_from
+
+    config = default.get_config()
+    assert job_config_from(config).final.translate.batch_tokens is None
+    assert translate.default_batch_tokens("cpu") < translate.default_batch_tokens("gpu")
+    config.decode.batch_tokens = 2048
+    assert job_config_from(config).final.translate.batch_tokens == 2048
+    config.decode.batch_tokens = 0
+    with pytest.raises(ValueError, match="config.decode.batch_tokens must be a positive integer"):
+        job_config_from(config)

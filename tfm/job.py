@@ -86,6 +86,12 @@ class _Reader:
             raise ValueError(f"{self._prefix}.{key} must be a positive integer, got {value!r}")
         return value
 
+    def optional_positive_int(self, key: str) -> int | None:
+        """A positive integer, or None for "the default"."""
+        if self.get(key) is None:
+            return None
+        return self.positive_int(key)
+
     def non_negative_int(self, key: str) -> int:
         value = self.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -175,7 +181,7 @@ def job_config_from(config) -> JobConfig:
             beam_size=decode.positive_int("beam_size"),
             alpha=decode.get("alpha"),
             extra_length=decode.non_negative_int("extra_length"),
-            batch_tokens=decode.positive_int("batch_tokens"),
+            batch_tokens=decode.optional_positive_int("batch_tokens"),
         ),
         "config.decode",
     )

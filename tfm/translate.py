@@ -11,6 +11,7 @@ import dataclasses
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 
+import jax
 import numpy as np
 
 from tfm import decoding, metrics
@@ -26,7 +27,8 @@ class TranslateConfig:
     beam_size: 1 = greedy search, otherwise beam search with `alpha` (section 6.1).
     alpha: exponent of the GNMT length penalty.
     extra_length: each sentence generates at most its source length + this many tokens.
-    batch_tokens: padded source tokens x beams per decoding batch.
+    batch_tokens: padded source tokens x beams per decoding batch; None: `default_batch_tokens()`
+      for the backend decoding runs on.
     max_source_len: longest source in tokens, EOS included; longer lines are `overlong`.
     overlong: "truncate" (with a warning) or "error".
     length_buckets: padded source lengths; each is one compiled program.
@@ -35,7 +37,7 @@ class TranslateConfig:
     beam_size: int = decoding.PAPER_BEAM_SIZE
     alpha: float = decoding.PAPER_ALPHA
     extra_length: int = decoding.PAPER_EXTRA_LENGTH
-    batch_tokens: int = 4096
+    batch_tokens: int | None = None
     max_source_len: int = 256
     overlong: str = "truncate"
     length_buckets: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
@@ -45,12 +47,24 @@ class TranslateConfig:
             raise ValueError(f"overlong must be 'truncate' or 'error', got {self.overlong!r}")
         for name in ("beam_size", "batch_tokens", "max_source_len"):
             value = getattr(self, name)
+            if name == "batch_tokens" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if isinstance(self.extra_length, bool) or not isinstance(self.extra_length, int):
             raise ValueError(f"extra_length must be an integer, got {self.extra_length!r}")
         if self.extra_length < 0:
             raise ValueError(f"extra_length must be >= 0, got {self.extra_length}")
+
+
+def default_batch_tokens(backend: str | None = None) -> int:
+    """Padded source tokens x beams per decoding batch on `backend` (default: JAX's): 1024 on
+    CPU, 4096 on an accelerator. On 2 CPU cores the main job's test split (beam 4) decoded
+    ~1.2x faster in 1024-token batches than in 4096 (measured interleaved; 512 and 2048 were
+    slower than 1024): a batch runs until its slowest sentence settles, and a CPU gains little
+    from wider batches. Accelerators want wide batches; 4096 is the old default, not tuned."""
+    backend = backend or jax.default_backend()
+    return 1024 if backend == "cpu" else 4096
 
 
 def max_source_len_for(model: ModelConfig, extra_length: int, chunk: int = 8) -> int:
@@ -152,11 +166,12 @@ def translate_ids(
     length into a few padded shapes so the decoder compiles a few programs."""
     outputs: list[np.ndarray | None] = [None] * len(encoded)
     buckets = _buckets(config)
+    batch_tokens = config.batch_tokens or default_batch_tokens()
     order = sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
     start = 0
     while start < len(order):
         length = next(b for b in buckets if b >= len(encoded[order[start]]) + 1)
-        rows = max(1, config.batch_tokens // length // config.beam_size)
+        rows = max(1, batch_tokens // length // config.beam_size)
         chunk = [i for i in order[start : start + rows] if len(encoded[i]) + 1 <= length]
         batch = np.zeros((rows, length), np.int32)
         for r, i in enumerate(chunk):
