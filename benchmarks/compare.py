@@ -302,13 +302,15 @@ def _real_file(workdir: str, data_dir: str) -> dict:
 
 def _real_file_goals(result: dict | None) -> list[dict]:
     """tfm at least as fast as CTranslate2 float32 warm; its first run, compilation included,
-    within 1.5x of a warm one."""
+    within 1.5x of a warm one: in a fresh process with an empty compilation cache, and with the
+    cache a previous run left (as a second decode.py run)."""
     if result is None:
         return []
     systems = result["systems"]
     tfm_seconds = systems["tfm"]["median_seconds"]
     ratio = systems["ct2_float32"]["median_seconds"] / tfm_seconds
     compile_ratio = result["tfm_first_run_seconds_with_compilation"] / tfm_seconds
+    cached_ratio = result["tfm_first_run_seconds_with_cache_from_a_previous_run"] / tfm_seconds
     return [
         dict(
             workload="real_file_beam4",
@@ -323,6 +325,13 @@ def _real_file_goals(result: dict | None) -> list[dict]:
             goal=1.5,
             measured=compile_ratio,
             met=compile_ratio <= 1.5,
+        ),
+        dict(
+            workload="real_file_beam4",
+            tfm_first_run_with_cache_over_warm=cached_ratio,
+            goal=1.5,
+            measured=cached_ratio,
+            met=cached_ratio <= 1.5,
         ),
     ]
 

@@ -46,9 +46,16 @@ def initial_params(w: Workload, seed: int = 0):
     is never the argmax and every system decodes exactly the requested number of tokens."""
     model = Transformer(_config(w, 0.0))
     ids = jnp.zeros((1, 2), jnp.int32)
-    params = model.init(jax.random.key(seed), ids, ids)["params"]
-    table = params["embedding"]["embedding"].at[EOS_ID].set(0.0)
-    return {**params, "embedding": {"embedding": table}}
+
+    # compiled, as the training job initialises (tfm.steps): run op by op, the initialisation
+    # leaves the allocator holding several times the parameters' size
+    @jax.jit
+    def init(rng):
+        params = model.init(rng, ids, ids)["params"]
+        table = params["embedding"]["embedding"].at[EOS_ID].set(0.0)
+        return {**params, "embedding": {"embedding": table}}
+
+    return init(jax.random.key(seed))
 
 
 def export_weights(w: Workload, path: str, seed: int = 0) -> None:
@@ -86,7 +93,7 @@ class Trainer:
         self.state = training.TrainState(
             step=jnp.zeros((), jnp.int32),
             params=params,
-            opt_state=self.optimizer.init(params),
+            opt_state=jax.jit(self.optimizer.init)(params),
             rng=jax.random.key(seed + 1),
         )
         model, optimizer = self.model, self.optimizer
@@ -97,7 +104,10 @@ class Trainer:
             donate_argnums=(0,),
         )
         eval_model = Transformer(_config(w, 0.0))
-        terms = training.eval_step(params, self.batch, model=eval_model, smoothing=LABEL_SMOOTHING)
+        evaluate = jax.jit(
+            lambda p, b: training.eval_step(p, b, model=eval_model, smoothing=LABEL_SMOOTHING)
+        )
+        terms = evaluate(params, self.batch)
         self.initial_loss = float(terms["loss"] / terms["tokens"])
 
     def compiled_text(self) -> str:
