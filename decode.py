@@ -20,8 +20,12 @@ import math
 import pathlib
 import sys
 
-from tfm.data.corpus import decode_lines
-from tfm.translate import TranslateConfig
+from tfm import host_memory
+
+host_memory.keep_freed_blocks()  # before JAX starts a thread: see tfm/host_memory.py
+
+from tfm.data.corpus import decode_lines  # noqa: E402
+from tfm.translate import TranslateConfig  # noqa: E402
 
 DEFAULTS = TranslateConfig()
 

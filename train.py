@@ -17,6 +17,10 @@ from ml_collections import config_flags
 ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))  # configs/ import each other as a package
 
+from tfm import host_memory  # noqa: E402
+
+host_memory.keep_freed_blocks()  # before JAX starts a thread: see tfm/host_memory.py
+
 
 def _unknown_key(error: Exception) -> SystemExit:
     overrides = [arg.split("=")[0] for arg in sys.argv[1:] if arg.startswith("--config.")]

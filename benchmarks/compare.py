@@ -115,6 +115,10 @@ def _worker(kind: str) -> None:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             versions[package] = None
+    if kind == "tfm":  # as train.py and decode.py do, before JAX starts a thread
+        from tfm import host_memory
+
+        host_memory.keep_freed_blocks()
     try:
         for _, module, _ in (v for v in SYSTEMS.values() if v[0] == kind):
             importlib.import_module(module)
