@@ -297,7 +297,7 @@ def evaluate_translations(job: Job) -> dict:
         averaged_steps=averaged,
         beam_size=config.beam_size,
         alpha=config.alpha,
-        batch_tokens=config.batch_tokens or translate.default_batch_tokens(),
+        batch_tokens=config.batch_tokens_on_this_backend(),
         decode_seconds=seconds,
         **scores,
         samples=[

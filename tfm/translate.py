@@ -56,6 +56,10 @@ class TranslateConfig:
         if self.extra_length < 0:
             raise ValueError(f"extra_length must be >= 0, got {self.extra_length}")
 
+    def batch_tokens_on_this_backend(self) -> int:
+        """`batch_tokens`, or where it is None the default for JAX's backend."""
+        return self.batch_tokens or default_batch_tokens()
+
 
 def default_batch_tokens(backend: str | None = None) -> int:
     """Padded source tokens x beams per decoding batch on `backend` (default: JAX's): 1024 on
@@ -166,7 +170,7 @@ def translate_ids(
     length into a few padded shapes so the decoder compiles a few programs."""
     outputs: list[np.ndarray | None] = [None] * len(encoded)
     buckets = _buckets(config)
-    batch_tokens = config.batch_tokens or default_batch_tokens()
+    batch_tokens = config.batch_tokens_on_this_backend()
     order = sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
     start = 0
     while start < len(order):
