@@ -34,29 +34,49 @@ sys.path.insert(0, os.path.dirname(HERE))
 BEAM = 4
 
 
-def _systems(workdir: str, exported: str, threads: int, hf_batch: int):
-    """name -> function(list of source lines) -> list of translations."""
-    import ctranslate2
+def _tfm(workdir: str, data_dir: str, split: str, limit: int):
+    """The workdir's model as decode.py loads it (the checkpoints its final evaluation averaged),
+    a function that translates a list of lines as decode.py does, the number of checkpoints
+    averaged, and the split's (source, reference) pairs, checked to be the data the workdir was
+    trained on."""
     import jax
-    import sentencepiece as spm
-    import torch
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from tfm import translate
-    from tfm.export.__main__ import main as export
+    from tfm.data.prepare import prepare
     from tfm.workdir import load, scored_average
 
-    loaded_average = scored_average(workdir)
-    loaded = load(workdir, average=loaded_average)
-    config = translate.TranslateConfig(beam_size=BEAM)
+    average = scored_average(workdir)
+    loaded = load(workdir, average=average)
+    data = prepare(loaded.card.dataset, data_dir, loaded.model.config.vocab_size)
+    # the split's text is what must match (each system tokenizes it with its own copy of the
+    # workdir's vocabulary); cards from before fingerprints have none to compare
+    trained_on = loaded.card.dataset_fingerprint
+    if trained_on and trained_on != data.dataset_fingerprint:
+        raise SystemExit(
+            f"{data_dir} holds other {loaded.card.dataset} data than {workdir} was trained on"
+        )
+    pairs = data.texts(split)[: limit or None]
     params = jax.device_put(loaded.params)
+    config = translate.TranslateConfig(beam_size=BEAM)
 
     def tfm_translate(lines):
         return translate.translate(loaded.model, params, loaded.tokenizer, lines, config)
 
+    return loaded, tfm_translate, average, pairs
+
+
+def _systems(workdir: str, tfm_translate, average: int, exported: str, threads: int, hf_batch: int):
+    """name -> function(list of source lines) -> list of translations."""
+    import ctranslate2
+    import sentencepiece as spm
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from tfm.export.__main__ import main as export
+
     for target in ("ct2", "hf"):
-        average = ["--average", str(loaded_average)]
-        if export([target, workdir, os.path.join(exported, target), *average]) != 0:
+        averaged = ["--average", str(average)]
+        if export([target, workdir, os.path.join(exported, target), *averaged]) != 0:
             raise SystemExit(f"exporting {workdir} to {target} failed")
     sp = spm.SentencePieceProcessor(model_file=os.path.join(exported, "ct2", "sentencepiece.model"))
 
@@ -101,7 +121,7 @@ def _systems(workdir: str, exported: str, threads: int, hf_batch: int):
                 texts[i] = text
         return texts
 
-    return loaded, {
+    return {
         "tfm": tfm_translate,
         "ct2_float32": ct2_system("float32"),
         "ct2_int8": ct2_system("int8"),
@@ -112,20 +132,12 @@ def _systems(workdir: str, exported: str, threads: int, hf_batch: int):
 def _first_run(workdir: str, data_dir: str, split: str, limit: int, cache: str) -> None:
     """In a fresh process: load, enable the persistent compilation cache at `cache`, and print
     the seconds of the first `tfm.translate` of the split (JSON on the last line)."""
-    import jax
-
-    from tfm import compilation_cache, translate
-    from tfm.data.prepare import prepare
-    from tfm.workdir import load, scored_average
+    from tfm import compilation_cache
 
     compilation_cache.enable(cache)
-    loaded = load(workdir, average=scored_average(workdir))
-    data = prepare(loaded.card.dataset, data_dir, loaded.model.config.vocab_size)
-    sources = [s for s, _ in data.texts(split)][: limit or None]
-    params = jax.device_put(loaded.params)
-    config = translate.TranslateConfig(beam_size=BEAM)
+    _, tfm_translate, _, pairs = _tfm(workdir, data_dir, split, limit)
     start = time.perf_counter()
-    translate.translate(loaded.model, params, loaded.tokenizer, sources, config)
+    tfm_translate([source for source, _ in pairs])
     print(json.dumps(dict(seconds=time.perf_counter() - start)))
 
 
@@ -164,25 +176,15 @@ def main() -> None:
         _first_run(args.workdir, args.data_dir, args.split, args.limit, args.first_run_in)
         return
     first_runs = _first_runs(args)
-    from tfm.data.prepare import prepare
     from tfm.translate import score
 
     threads = len(os.sched_getaffinity(0))
+    loaded, tfm_translate, average, pairs = _tfm(
+        args.workdir, args.data_dir, args.split, args.limit
+    )
+    sources, references = [s for s, _ in pairs], [t for _, t in pairs]
     with tempfile.TemporaryDirectory(prefix="tfm-export-") as exported:
-        loaded, systems = _systems(args.workdir, exported, threads, args.hf_batch)
-        data = prepare(loaded.card.dataset, args.data_dir, loaded.model.config.vocab_size)
-        # the split's text is what must match (each system tokenizes it with its own copy of
-        # the workdir's vocabulary); cards from before fingerprints have none to compare
-        trained_on = loaded.card.dataset_fingerprint
-        if trained_on and trained_on != data.dataset_fingerprint:
-            raise SystemExit(
-                f"{args.data_dir} holds other {loaded.card.dataset} data than "
-                f"{args.workdir} was trained on"
-            )
-        pairs = data.texts(args.split)
-        if args.limit:
-            pairs = pairs[: args.limit]
-        sources, references = [s for s, _ in pairs], [t for _, t in pairs]
+        systems = _systems(args.workdir, tfm_translate, average, exported, threads, args.hf_batch)
         seconds: dict[str, list[float]] = {name: [] for name in systems}
         outputs: dict[str, list[str]] = {"tfm": systems["tfm"](sources)}  # compiles, untimed
         names = list(systems)
