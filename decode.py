@@ -20,9 +20,10 @@ import math
 import pathlib
 import sys
 
-from tfm import host_memory
+if __name__ == "__main__":  # first thing: see tfm/host_memory.py
+    from tfm import host_memory
 
-host_memory.keep_freed_blocks()  # before JAX starts a thread: see tfm/host_memory.py
+    host_memory.restart_with_huge_page_malloc()
 
 from tfm.data.corpus import decode_lines  # noqa: E402
 from tfm.translate import TranslateConfig  # noqa: E402

@@ -11,15 +11,16 @@ import pathlib
 import re
 import sys
 
-from absl import app, flags, logging
+if __name__ == "__main__":  # first thing: see tfm/host_memory.py
+    from tfm import host_memory
+
+    host_memory.restart_with_huge_page_malloc()
+
+from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))  # configs/ import each other as a package
-
-from tfm import host_memory  # noqa: E402
-
-host_memory.keep_freed_blocks()  # before JAX starts a thread: see tfm/host_memory.py
 
 
 def _unknown_key(error: Exception) -> SystemExit:

@@ -41,6 +41,8 @@ if HERE not in sys.path:
 
 from peers.workloads import WORKLOADS, Workload, agreement, forward_flops  # noqa: E402
 
+from tfm import host_memory  # noqa: E402
+
 # system -> (worker process, module, constructor options)
 SYSTEMS = {
     "tfm": ("tfm", "peers.tfm_system", {}),
@@ -115,10 +117,6 @@ def _worker(kind: str) -> None:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             versions[package] = None
-    if kind == "tfm":  # as train.py and decode.py do, before JAX starts a thread
-        from tfm import host_memory
-
-        host_memory.keep_freed_blocks()
     try:
         for _, module, _ in (v for v in SYSTEMS.values() if v[0] == kind):
             importlib.import_module(module)
@@ -361,6 +359,13 @@ def main() -> None:
         "(translate_file.py: tfm vs its CTranslate2 float32/int8 and Hugging Face exports)",
     )
     parser.add_argument("--real_file_data_dir", default="data", help="its prepared data")
+    parser.add_argument(
+        "--malloc_huge_pages",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run every worker with glibc.malloc.hugetlb=1, as train.py and decode.py run "
+        "(tfm/host_memory.py); --no-malloc_huge_pages: glibc's defaults for every worker",
+    )
     parser.add_argument("--out", help="also write the JSON to this file")
     args = parser.parse_args()
     if args.worker:
@@ -368,6 +373,8 @@ def main() -> None:
         return
     if "tfm" not in args.systems:
         parser.error("--systems must include tfm (every ratio is against it)")
+    if args.malloc_huge_pages:  # every worker and translate_file.py inherit it alike
+        os.environ.update(host_memory.environment_with_huge_page_malloc(os.environ))
 
     # first, before any worker starts: a wrong workdir or data dir fails in seconds
     real_file = _real_file(args.real_file, args.real_file_data_dir) if args.real_file else None
@@ -419,6 +426,8 @@ def main() -> None:
             "processor": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(),
             "python": platform.python_version(),
+            "transparent_huge_pages": host_memory.transparent_huge_pages_mode(),
+            "GLIBC_TUNABLES (every worker)": os.environ.get("GLIBC_TUNABLES"),
         },
         "versions": versions,
         "dtype": "float32",

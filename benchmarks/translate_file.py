@@ -198,7 +198,11 @@ def main() -> None:
     target_language = loaded.card.target_language
     result = dict(
         date=datetime.datetime.now().isoformat(timespec="seconds"),
-        machine=dict(platform=platform.platform(), cores=threads),
+        machine=dict(
+            platform=platform.platform(),
+            cores=threads,
+            GLIBC_TUNABLES=os.environ.get("GLIBC_TUNABLES"),
+        ),
         workdir=args.workdir,
         parameters=loaded.description,
         split=args.split,
@@ -234,4 +238,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from tfm import host_memory
+
+    host_memory.restart_with_huge_page_malloc()  # as decode.py runs: tfm/host_memory.py
     main()
