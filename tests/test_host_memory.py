@@ -107,9 +107,7 @@ def test_the_transparent_huge_page_mode_is_the_bracketed_word(tmp_path):
 
 
 @pytest.mark.skipif(
-    not sys.platform.startswith("linux")
-    or (host_memory.glibc_version() or (0, 0)) < (2, 35)
-    or host_memory.transparent_huge_pages_mode() != "madvise",
+    not host_memory.huge_page_malloc_can_help(),
     reason="needs glibc >= 2.35 and transparent huge pages on request (THP 'madvise')",
 )
 def test_a_restarted_train_step_faults_its_scratch_in_huge_pages_and_holds_no_more_memory():

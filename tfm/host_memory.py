@@ -61,17 +61,24 @@ def environment_with_huge_page_malloc(environ: Mapping[str, str]) -> dict[str, s
     return environment
 
 
+def huge_page_malloc_can_help() -> bool:
+    """Whether glibc's malloc can ask for huge pages here: Linux, glibc >= 2.35 (which has the
+    tunable) and a kernel that gives transparent huge pages on request ("madvise" mode; with
+    "always" every mapping gets them already, with "never" none does)."""
+    return (
+        sys.platform.startswith("linux")
+        and (glibc_version() or (0, 0)) >= (2, 35)
+        and transparent_huge_pages_mode() == "madvise"
+    )
+
+
 def restart_with_huge_page_malloc() -> None:
     """Re-execute this process (same interpreter, same command line, same pid) with glibc's
-    malloc asking for transparent huge pages, when that can help: on glibc >= 2.35 where the
-    kernel gives huge pages on request ("madvise" mode) and the tunable is not set yet. Returns
-    without doing anything otherwise, and in the restarted process. For a program's entry point
-    only, before it does any work: nothing of the current process survives but its open files."""
-    if (
-        not sys.platform.startswith("linux")
-        or (glibc_version() or (0, 0)) < (2, 35)
-        or transparent_huge_pages_mode() != "madvise"
-    ):
+    malloc asking for transparent huge pages, when that can help (`huge_page_malloc_can_help`)
+    and the tunable is not set yet. Returns without doing anything otherwise, and in the
+    restarted process. For a program's entry point only, before it does any work: nothing of
+    the current process survives but its open files."""
+    if not huge_page_malloc_can_help():
         return
     environment = environment_with_huge_page_malloc(os.environ)
     if environment.get("GLIBC_TUNABLES") == os.environ.get("GLIBC_TUNABLES"):
