@@ -27,6 +27,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -34,11 +36,15 @@ sys.path.insert(0, os.path.dirname(HERE))
 BEAM = 4
 
 
-def _tfm(workdir: str, data_dir: str, split: str, limit: int):
-    """The workdir's model as decode.py loads it (the checkpoints its final evaluation averaged),
-    a function that translates a list of lines as decode.py does, the number of checkpoints
-    averaged, and the split's (source, reference) pairs, checked to be the data the workdir was
-    trained on."""
+class LoadedForTranslation(NamedTuple):
+    loaded: Any  # a tfm.workdir.Loaded, as decode.py loads it (imported lazily, after jax)
+    translate: Callable[[list[str]], list[str]]  # lines -> translations, as decode.py runs it
+    checkpoints_averaged: int  # those the workdir's final evaluation averaged
+    pairs: list[tuple[str, str]]  # the split's (source, reference) pairs
+
+
+def _tfm(workdir: str, data_dir: str, split: str, limit: int) -> LoadedForTranslation:
+    """The workdir's model and its split, checked to be the data the workdir was trained on."""
     import jax
 
     from tfm import translate
@@ -62,7 +68,7 @@ def _tfm(workdir: str, data_dir: str, split: str, limit: int):
     def tfm_translate(lines):
         return translate.translate(loaded.model, params, loaded.tokenizer, lines, config)
 
-    return loaded, tfm_translate, average, pairs
+    return LoadedForTranslation(loaded, tfm_translate, average, pairs)
 
 
 def _systems(workdir: str, tfm_translate, average: int, exported: str, threads: int, hf_batch: int):
@@ -135,9 +141,9 @@ def _first_run(workdir: str, data_dir: str, split: str, limit: int, cache: str) 
     from tfm import compilation_cache
 
     compilation_cache.enable(cache)
-    _, tfm_translate, _, pairs = _tfm(workdir, data_dir, split, limit)
+    tfm = _tfm(workdir, data_dir, split, limit)
     start = time.perf_counter()
-    tfm_translate([source for source, _ in pairs])
+    tfm.translate([source for source, _ in tfm.pairs])
     print(json.dumps(dict(seconds=time.perf_counter() - start)))
 
 
@@ -179,12 +185,12 @@ def main() -> None:
     from tfm.translate import score
 
     threads = len(os.sched_getaffinity(0))
-    loaded, tfm_translate, average, pairs = _tfm(
-        args.workdir, args.data_dir, args.split, args.limit
-    )
-    sources, references = [s for s, _ in pairs], [t for _, t in pairs]
+    tfm = _tfm(args.workdir, args.data_dir, args.split, args.limit)
+    sources, references = [s for s, _ in tfm.pairs], [t for _, t in tfm.pairs]
     with tempfile.TemporaryDirectory(prefix="tfm-export-") as exported:
-        systems = _systems(args.workdir, tfm_translate, average, exported, threads, args.hf_batch)
+        systems = _systems(
+            args.workdir, tfm.translate, tfm.checkpoints_averaged, exported, threads, args.hf_batch
+        )
         seconds: dict[str, list[float]] = {name: [] for name in systems}
         outputs: dict[str, list[str]] = {"tfm": systems["tfm"](sources)}  # compiles, untimed
         names = list(systems)
@@ -195,7 +201,7 @@ def main() -> None:
                 outputs[name] = systems[name](sources)
                 seconds[name].append(time.perf_counter() - start)
                 print(f"round {round_index + 1} {name}: {seconds[name][-1]:.1f} s", file=sys.stderr)
-    target_language = loaded.card.target_language
+    target_language = tfm.loaded.card.target_language
     result = dict(
         date=datetime.datetime.now().isoformat(timespec="seconds"),
         machine=dict(
@@ -204,7 +210,7 @@ def main() -> None:
             GLIBC_TUNABLES=os.environ.get("GLIBC_TUNABLES"),
         ),
         workdir=args.workdir,
-        parameters=loaded.description,
+        parameters=tfm.loaded.description,
         split=args.split,
         sentences=len(sources),
         beam_size=BEAM,
