@@ -157,6 +157,8 @@ def _worker(kind: str) -> None:
             elif op == "run":
                 instance = instances[request["key"]]
                 seconds, output = [], None
+                for _ in range(request["untimed"]):
+                    instance.run()
                 for _ in range(request["times"]):
                     start = time.perf_counter()
                     output = instance.run()
@@ -236,7 +238,9 @@ def measure_workload(
     for round_index in range(args.rounds):
         shift = round_index % len(systems)
         for s in systems[shift:] + systems[:shift]:
-            answer = workers[SYSTEMS[s][0]].ask(op="run", key=keys[s], times=runs_per_round)
+            answer = workers[SYSTEMS[s][0]].ask(
+                op="run", key=keys[s], untimed=args.round_warmup_runs, times=runs_per_round
+            )
             times[s].extend(answer["seconds"])
             if answer["output"] is not None:
                 outputs[s] = answer["output"]
@@ -353,6 +357,15 @@ def main() -> None:
     parser.add_argument("--train_runs", type=int, default=2, help="training steps per round")
     parser.add_argument("--decode_runs", type=int, default=2, help="decodes per round")
     parser.add_argument(
+        "--round_warmup_runs",
+        type=int,
+        default=1,
+        help="untimed runs each system makes at the start of every round, so that its timed "
+        "runs follow a run as in a training loop, not an idle pause (benchmarks/README.md: "
+        "on a VM that hands freed memory back to its host, the first run after a pause pays "
+        "to fault its buffers in again); 0 times the first run of each round too",
+    )
+    parser.add_argument(
         "--real_file",
         metavar="WORKDIR",
         help="also translate this trained workdir's test split with beam 4, text in and out "
@@ -439,8 +452,10 @@ def main() -> None:
         ),
         "timing": (
             f"{args.rounds} interleaved rounds, {args.train_runs} training steps or "
-            f"{args.decode_runs} decodes per system per round, after one untimed warm-up run; "
-            "median over all timed runs; ratios = peer seconds / tfm seconds"
+            f"{args.decode_runs} decodes per system per round, each system's timed runs "
+            f"preceded by {args.round_warmup_runs} untimed run(s) in every round (and one "
+            "untimed warm-up run after set-up); median over all timed runs; ratios = peer "
+            "seconds / tfm seconds"
         ),
         "workloads": results,
         "goals": goals,
