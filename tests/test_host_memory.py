@@ -1,6 +1,7 @@
 """tfm.host_memory: a process restarted with glibc's huge-page malloc faults in a train step's
 scratch buffer in 2 MiB pages instead of 4 KiB ones (counted by the kernel: minor page faults),
-without holding more memory than glibc's defaults."""
+without holding more memory than glibc's defaults; memory freed into the heap can be handed
+back to the system."""
 
 import json
 import mmap
@@ -123,3 +124,31 @@ def test_a_restarted_train_step_faults_its_scratch_in_huge_pages_and_holds_no_mo
     assert huge["temp_pages"] > 10_000  # large enough to have been mmapped
     assert statistics.median(huge["faults"]) < 0.05 * huge["temp_pages"], (default, huge)
     assert huge["peak_mb"] < 1.1 * default["peak_mb"] + 50, (default, huge)
+
+
+def _resident_mb() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.skipif(host_memory.glibc_version() is None, reason="malloc_trim is glibc's")
+def test_freed_heap_memory_goes_back_to_the_system():
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    # 160 MB in 64 KiB blocks (below malloc's mmap threshold: they live in the heap), touched;
+    # the last block stays allocated so that freeing the others cannot shrink the heap's top
+    blocks = [libc.malloc(64 << 10) for _ in range(2560)]
+    assert all(blocks)
+    for block in blocks:
+        ctypes.memset(block, 1, 64 << 10)
+    for block in blocks[:-1]:
+        libc.free(block)
+    held = _resident_mb()
+    returned = host_memory.return_freed_memory()
+    released = held - _resident_mb()
+    libc.free(blocks[-1])
+    assert returned
+    assert released > 100, f"resident memory fell by {released:.0f} MB only"

@@ -20,7 +20,7 @@ from peers.workloads import (
     decoding_source,
     training_batch,
 )
-from tfm import ModelConfig, Transformer, decoding, training
+from tfm import ModelConfig, Transformer, decoding, host_memory, training
 
 NAME = "tfm"
 
@@ -96,23 +96,31 @@ class Trainer:
             opt_state=jax.jit(self.optimizer.init)(params),
             rng=jax.random.key(seed + 1),
         )
-        model, optimizer = self.model, self.optimizer
-        self.step = jax.jit(
-            lambda s, b: training.train_step(
-                s, b, model=model, optimizer=optimizer, smoothing=LABEL_SMOOTHING
-            ),
-            donate_argnums=(0,),
-        )
         eval_model = Transformer(_config(w, 0.0))
         evaluate = jax.jit(
             lambda p, b: training.eval_step(p, b, model=eval_model, smoothing=LABEL_SMOOTHING)
         )
         terms = evaluate(params, self.batch)
         self.initial_loss = float(terms["loss"] / terms["tokens"])
+        # as the training job (tfm.trainer.train, tfm.steps.MeshSteps): freed memory goes back
+        # to the system once the state is built and once the step is compiled
+        host_memory.return_freed_memory()
+        model, optimizer = self.model, self.optimizer
+        self.step = (
+            jax.jit(
+                lambda s, b: training.train_step(
+                    s, b, model=model, optimizer=optimizer, smoothing=LABEL_SMOOTHING
+                ),
+                donate_argnums=(0,),
+            )
+            .lower(self.state, self.batch)
+            .compile()
+        )
+        host_memory.return_freed_memory()
 
     def compiled_text(self) -> str:
         """The optimised HLO of the train step (for profiles)."""
-        return self.step.lower(self.state, self.batch).compile().as_text()
+        return self.step.as_text()
 
     def run(self) -> None:
         self.state, metrics = self.step(self.state, self.batch)
