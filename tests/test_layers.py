@@ -5,7 +5,13 @@ import numpy as np
 from tests import reference
 from tfm import attention as attn
 from tfm.config import ModelConfig
-from tfm.layers import EncoderLayer, FeedForward, MultiHeadAttention, sinusoidal_encoding
+from tfm.layers import (
+    EncoderLayer,
+    FeedForward,
+    MultiHeadAttention,
+    sinusoidal_encoding,
+    tied_logits,
+)
 
 
 def test_sinusoidal_encoding_matches_section_3_5():
@@ -89,3 +95,17 @@ def test_dropout_only_when_not_deterministic():
     c = layer.apply(variables, x, None, False, rngs={"dropout": jax.random.key(1)})
     assert not np.allclose(a, b)
     np.testing.assert_array_equal(b, c)
+
+
+def test_tied_logits_gradients_are_the_chain_rule_in_numpy():
+    """x E^T with E's gradient computed as (x^T g)^T: both gradients against g E and g^T x."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 5, 16)).astype(np.float32)
+    table = rng.normal(size=(40, 16)).astype(np.float32)
+    upstream = rng.normal(size=(3, 5, 40)).astype(np.float32)
+    logits, pullback = jax.vjp(tied_logits, jnp.asarray(x), jnp.asarray(table))
+    grad_x, grad_table = pullback(jnp.asarray(upstream))
+    np.testing.assert_allclose(logits, x @ table.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(grad_x, upstream @ table, rtol=1e-5, atol=1e-5)
+    expected_table = upstream.reshape(-1, 40).T @ x.reshape(-1, 16)
+    np.testing.assert_allclose(grad_table, expected_table, rtol=1e-5, atol=1e-5)
