@@ -81,7 +81,7 @@ def return_freed_memory() -> bool:
     """Ask glibc's malloc to hand the memory it holds free back to the kernel (`malloc_trim`),
     lowering resident memory; True if it returned any. For after one-off work whose freed
     buffers would otherwise sit in the heap beneath the peak of what follows (the compiled
-    initialisation of a training state leaves ~170 MB of them at BASE size). A no-op returning
+    initialisation of a training state leaves ~230 MB of them at BASE size). A no-op returning
     False on any other C library."""
     if glibc_version() is None:
         return False
