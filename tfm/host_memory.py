@@ -20,7 +20,7 @@ decode.py do first thing; `benchmarks/compare.py` gives it to every system's wor
 
 Memory freed by one-off work (the compiled initialisation of a training state, the compiler)
 stays in malloc's heap, resident, beneath the peak of the training steps that follow:
-`return_freed_memory` hands it back (BASE size: the training job's peak 1,903 -> 1,739 MB).
+`return_freed_memory` hands it back (compare.py's BASE trainer: peak 1,903 -> 1,739 MB).
 """
 
 from __future__ import annotations
