@@ -167,7 +167,7 @@ def test_ct2_export_translates_and_scores_as_tfm(trained):
 def test_hf_export_translates_scores_and_tokenizes_as_tfm(trained):
     workdir, sentences, tmp = trained
     out = tmp / "hf"
-    assert export_main(["hf", str(workdir), str(out)]) == 0
+    assert export_main(["hf", str(workdir), str(out), "--max_positions", "128"]) == 0
     loaded = load(workdir, average=1)
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(out).eval()
@@ -183,6 +183,13 @@ def test_hf_export_translates_scores_and_tokenizes_as_tfm(trained):
     assert theirs == ours
     decoded = tokenizer.batch_decode(theirs, skip_special_tokens=True)
     assert decoded == [loaded.tokenizer.decode(ids) for ids in ours]
+    longest = sorted(sentences, key=lambda s: len(loaded.tokenizer.encode(s)))[-4:]
+    batch = tokenizer(longest, return_tensors="pt", padding=True)
+    with torch.inference_mode():  # the export's defaults: beam 4, up to --max_positions tokens
+        by_default = model.generate(**batch)
+        beam4 = model.generate(**batch, num_beams=4, max_length=128)
+    assert max(len(_strip(row[1:])) for row in beam4.tolist()) > 20
+    assert by_default.tolist() == beam4.tolist()
 
     for sentence, target in zip(sentences, ours, strict=True):
         source = loaded.tokenizer.encode(sentence)
@@ -227,7 +234,7 @@ def test_marian_permutation_turns_the_papers_sinusoids_into_marians():
 
     table = sinusoidal_table(50, 16)
     marian = transformers.MarianMTModel(
-        hf.marian_config(ModelConfig(vocab_size=8, d_model=16, num_heads=2, d_k=8, d_v=8), 50, 4)
+        hf.marian_config(ModelConfig(vocab_size=8, d_model=16, num_heads=2, d_k=8, d_v=8), 50)
     )
     np.testing.assert_allclose(
         table[:, hf.marian_permutation(16)],

@@ -48,7 +48,7 @@ def permuted(weights: Weights, d_model: int) -> Weights:
     return out
 
 
-def marian_config(config: ModelConfig, max_positions: int, beam_size: int):
+def marian_config(config: ModelConfig, max_positions: int):
     from transformers import MarianConfig
 
     return MarianConfig(
@@ -74,8 +74,22 @@ def marian_config(config: ModelConfig, max_positions: int, beam_size: int):
         bos_token_id=BOS_ID,
         decoder_start_token_id=BOS_ID,
         forced_eos_token_id=None,
+    )
+
+
+def generation_config(max_positions: int, beam_size: int):
+    """`generate`'s defaults for the export: beam search of `beam_size`, outputs up to the position
+    table's length. Transformers 5 ignores generation settings in the model's config and would
+    otherwise stop every output at its model-agnostic 20 tokens."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
         num_beams=beam_size,
         max_length=max_positions,
+        bos_token_id=BOS_ID,
+        decoder_start_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
     )
 
 
@@ -85,7 +99,8 @@ def build_model(config: ModelConfig, weights: Weights, max_positions: int, beam_
     from transformers import MarianMTModel
 
     check_exportable(config, "Hugging Face MarianMTModel", pre_norm=False, learned=False)
-    model = MarianMTModel(marian_config(config, max_positions, beam_size))
+    model = MarianMTModel(marian_config(config, max_positions))
+    model.generation_config = generation_config(max_positions, beam_size)
     w = permuted(weights, config.d_model)
     t = lambda a: torch.from_numpy(np.array(a, np.float32))  # a writable copy
     core = model.model
