@@ -22,6 +22,7 @@ transformers = pytest.importorskip("transformers")
 from tests.e2e_corpus import write_corpus  # noqa: E402
 from tfm import translate  # noqa: E402
 from tfm.config import ModelConfig  # noqa: E402
+from tfm.decoding import max_output_lengths  # noqa: E402
 from tfm.export import ct2, hf  # noqa: E402
 from tfm.export.__main__ import main as export_main  # noqa: E402
 from tfm.export.weights import ExportError, check_exportable, from_tfm_params  # noqa: E402
@@ -90,11 +91,15 @@ def _cut_to_tfms_limits(theirs, ours, sentences, tokenizer) -> list[list[int]]:
     """Their outputs, each cut to tfm's where tfm's ran to its length limit (source + EOS + 50
     tokens, section 6.1) without EOS: the peers stop at their own limit (80 tokens here), so a
     looping output is compared over the tokens both produced."""
-    cut = []
-    for their, our, sentence in zip(theirs, ours, sentences, strict=True):
-        limit = len(tokenizer.encode(sentence)) + 1 + translate.TranslateConfig().extra_length
-        cut.append(their[: len(our)] if len(our) == limit else their)
-    return cut
+    sources = [tokenizer.encode(sentence) + [EOS_ID] for sentence in sentences]
+    src = np.full((len(sources), max(map(len, sources))), PAD_ID, np.int32)
+    for row, ids in zip(src, sources, strict=True):
+        row[: len(ids)] = ids
+    limits = max_output_lengths(src, translate.TranslateConfig().extra_length).tolist()
+    return [
+        their[: len(our)] if len(our) == limit else their
+        for their, our, limit in zip(theirs, ours, limits, strict=True)
+    ]
 
 
 def _tfm_greedy(loaded, sentences) -> list[list[int]]:
