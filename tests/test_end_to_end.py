@@ -298,6 +298,28 @@ def test_two_processes_equal_one_process(tmp_path):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
+def test_the_pmap_job_equals_the_mesh_job(tmp_path):
+    """`parallelism=pmap` (PmapSteps: replicated state, psum of gradients) trains the same
+    parameters as the default mesh path over the same 4 devices."""
+    extra = [
+        "--config.checkpoint_every_steps=8",
+        "--config.decode.enabled=False",
+        "--config.eval_every_steps=4",
+        "--config.log_every_steps=4",
+    ]
+    env = dict(
+        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu"
+    )
+    for name, parallelism in (("mesh", "data"), ("pmap", "pmap")):
+        args = _args(tmp_path, tmp_path / name, 8, [*extra, f"--config.parallelism={parallelism}"])
+        run = _run(args, env=env)
+        assert run.returncode == 0, run.stderr[-3000:]
+    mesh, _ = Checkpointer(tmp_path / "mesh", read_only=True).restore_params()
+    pmap, _ = Checkpointer(tmp_path / "pmap", read_only=True).restore_params()
+    for a, b in zip(jax.tree.leaves(mesh), jax.tree.leaves(pmap), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
 def test_a_killed_peer_makes_the_survivor_exit(tmp_path):
     port = 24456 + os.getpid() % 1000
     extra = [
