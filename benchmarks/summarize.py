@@ -60,6 +60,31 @@ def summarize(runs: list[dict]) -> dict:
     return table
 
 
+def goals(runs: list[dict]) -> dict[str, list]:
+    """ "workload: what, goal" -> [(measured, met) per run that measured it], from each run's
+    `goals` block (the goals of the code that ran it)."""
+    met: dict[str, list] = {}
+    for run in runs:
+        for goal in run.get("goals", []):
+            # the real-file ratios name themselves by a key holding the measured value again
+            what = [
+                k if isinstance(v, float) and k != "goal" else f"{k}={v}"
+                for k, v in goal.items()
+                if k not in ("workload", "measured", "met")
+            ]
+            key = f"{goal['workload']}: {', '.join(what)}"
+            met.setdefault(key, []).append((goal["measured"], goal["met"]))
+    return met
+
+
+def goals_markdown(met: dict[str, list]) -> str:
+    lines = ["| goal | measured, median [min-max over runs] | runs that met it |", "|---|---|---|"]
+    for key, results in met.items():
+        measured = _spread([m for m, _ in results], 2)
+        lines.append(f"| {key} | {measured} | {sum(ok for _, ok in results)} of {len(results)} |")
+    return "\n".join(lines)
+
+
 def markdown(table: dict) -> str:
     lines = ["| workload | system | median [min-max over runs] | peak RSS MB | tfm / system |"]
     lines.append("|---|---|---|---|---|")
@@ -101,6 +126,8 @@ def main() -> None:
         return
     print(f"{len(runs)} runs: " + ", ".join(run["date"] for run in runs))
     print(markdown(table))
+    print()
+    print(goals_markdown(goals(runs)))
 
 
 if __name__ == "__main__":

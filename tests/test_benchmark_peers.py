@@ -199,3 +199,35 @@ def test_the_readme_medians_are_the_medians_of_the_runs():
     # runs from before the cached first run was measured still summarize
     older = summarize.markdown(summarize.summarize([run(1.0, 2.0, 5.0)])).splitlines()
     assert not any("previous run's cache" in line for line in older)
+
+
+def test_the_goals_summary_counts_the_runs_that_met_each_goal():
+    import summarize
+
+    def run(speed_ratio, peak_ratio):  # "met" as compare.py decides it
+        return dict(
+            goals=[
+                dict(
+                    workload="train_base",
+                    tfm_over="hf",
+                    goal=1.1,
+                    measured=speed_ratio,
+                    met=speed_ratio >= 1.1,
+                ),
+                dict(
+                    workload="train_base",
+                    peak_rss_mb_tfm_over="torch",
+                    goal="<= 1.0",
+                    measured=peak_ratio,
+                    met=peak_ratio <= 1.0,
+                ),
+            ]
+        )
+
+    runs = [run(1.0, 1.2), run(1.2, 0.9), run(1.15, 1.1)]
+    lines = summarize.goals_markdown(summarize.goals(runs)).splitlines()
+    assert "| train_base: tfm_over=hf, goal=1.1 | 1.15 [1.00-1.20] | 2 of 3 |" in lines
+    assert (
+        "| train_base: peak_rss_mb_tfm_over=torch, goal=<= 1.0 | 1.10 [0.90-1.20] | 1 of 3 |"
+        in lines
+    )
