@@ -66,6 +66,18 @@ def test_average_of_last_n_equals_the_mean(tmp_path):
     assert averaged["dense"]["kernel"].dtype == np.float32
 
 
+def test_averaging_logs_nothing(tmp_path, caplog):
+    """decode.py and the job's final evaluation average checkpoints; orbax's warnings about
+    metadata it looks for in the wrong place would be printed once per checkpoint."""
+    saver = ckpt.Checkpointer(tmp_path, keep=10)
+    for step in range(1, 4):
+        saver.save(step, _state(step))
+    saver.close()
+    with caplog.at_level("WARNING"):
+        ckpt.average_last(tmp_path, 3)
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= 30]
+
+
 def test_digest_changes_with_any_parameter():
     a = _state(1)["params"]
     b = jax.tree.map(np.copy, a)

@@ -17,6 +17,7 @@ Also checkpoint averaging (section 6.1: the last 5 for base, 20 for big) and a c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -115,6 +116,19 @@ def _compare(step: int, directory: pathlib.Path, meta: dict, got: dict[str, str 
         )
 
 
+@contextlib.contextmanager
+def _quiet_absl(quiet: bool):
+    """absl's (orbax's) warnings held back inside the block when `quiet`."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    if quiet:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 class Checkpointer:
     """Saves and restores `{"state": pytree, "data": json, "meta": json}` under WORKDIR/checkpoints.
 
@@ -129,12 +143,14 @@ class Checkpointer:
                 "directory train.py was given?"
             )
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep,
+            max_to_keep=None if read_only else keep,
+            save_interval_steps=0 if read_only else 1,
             create=not read_only,
             enable_async_checkpointing=False,
             read_only=read_only,
         )
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        with _quiet_absl(read_only):  # orbax warns that a read-only manager is read-only
+            self.manager = ocp.CheckpointManager(self.directory, options=options)
         self.read_only = read_only
 
     @staticmethod
@@ -251,11 +267,12 @@ class Checkpointer:
     def _host_target(self, step: int):
         """The saved state's shapes and dtypes, placed on one local device: a checkpoint written
         by any mesh or number of processes restores here (orbax needs a target for that)."""
-        metadata = ocp.StandardCheckpointer().metadata(self.directory / str(step) / "state")
+        # the item's handler reads its own metadata; orbax's StandardCheckpointer would also look
+        # for a checkpoint-level metadata file inside the item and log a warning per checkpoint
+        metadata = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / "state")
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         return jax.tree.map(
-            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-            metadata.item_metadata,
+            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata.tree
         )
 
     def close(self) -> None:
