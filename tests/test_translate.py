@@ -127,3 +127,34 @@ def test_the_default_batch_is_read_from_the_config_or_sized_for_the_backend():
     config.decode.batch_tokens = 0
     with pytest.raises(ValueError, match="config.decode.batch_tokens must be a positive integer"):
         job_config_from(config)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_each_batch_shape_is_compiled_ahead_once(beam_size, monkeypatch):
+    """translate compiles a bucket's search program on its background thread before that bucket's
+    first batch, into jit's own cache, which the batches then use: one program per shape."""
+    from tfm import decoding
+
+    config = tiny_model_config(37)  # a model no other test compiles for
+    model = Transformer(config)
+    params = model.init(jax.random.key(7), np.ones((1, 4), np.int32), np.ones((1, 4), np.int32))
+    tokenizer = WordTokenizer([f"w{i}" for i in range(33)])
+    lines = [" ".join(f"w{j}" for j in range(n)) for n in (3, 5, 9, 12, 4)]  # buckets 8 and 16
+    # outputs of at most source + 2 tokens always fit the first try: no second program
+    settings = translate.TranslateConfig(beam_size=beam_size, extra_length=2, batch_tokens=64)
+    search = decoding.greedy_search if beam_size == 1 else decoding.beam_search
+    before = search._cache_size()
+    seen_at_each_batch = []
+    search_batch = translate.search_batch
+
+    def recording(model, params, src, config):
+        seen_at_each_batch.append((src.shape[1], search._cache_size() - before))
+        return search_batch(model, params, src, config)
+
+    monkeypatch.setattr(translate, "search_batch", recording)
+    translate.translate(model, params["params"], tokenizer, lines, settings)
+    first_of_bucket = {}
+    for length, compiled in seen_at_each_batch:
+        first_of_bucket.setdefault(length, compiled)
+    assert first_of_bucket[8] >= 1 and first_of_bucket[16] == 2  # compiled before they ran
+    assert search._cache_size() - before == 2
