@@ -311,6 +311,27 @@ def _real_file(workdir: str, data_dir: str) -> dict:
             return json.load(written)
 
 
+def _cpu() -> dict:
+    """The CPU's model name and the vector ISAs that decide which matmul kernels the libraries
+    pick (Linux /proc/cpuinfo; empty elsewhere): ratios between systems moved between hosts."""
+    try:
+        with open("/proc/cpuinfo") as file:
+            first_cpu = file.read().split("\n\n")[0]
+    except OSError:
+        return {}
+    fields = {}
+    for line in first_cpu.splitlines():
+        name, _, value = line.partition(":")
+        fields[name.strip()] = value.strip()
+    flags = fields.get("flags", "").split()
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+    return {
+        "model_name": fields.get("model name", ""),
+        "family_model_stepping": [fields.get(k) for k in ("cpu family", "model", "stepping")],
+        "vector_isa": [flag for flag in wanted if flag in flags],
+    }
+
+
 def _real_file_goals(result: dict | None) -> list[dict]:
     """tfm at least as fast as CTranslate2 float32 warm; its first run, compilation included,
     within 1.5x of a warm one: in a fresh process with an empty compilation cache, and with the
@@ -455,6 +476,7 @@ def main() -> None:
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(),
+            "cpu": _cpu(),
             "cpu_count": os.cpu_count(),
             "python": platform.python_version(),
             "transparent_huge_pages": host_memory.transparent_huge_pages_mode(),
