@@ -121,3 +121,18 @@ def test_a_cache_that_ignores_the_reorder_scores_the_wrong_hypotheses():
     result = _run_beams(ForgetfulCache, [6])
     found = _tokens(result.ids[0], result.lengths[0])
     assert found != best or not np.isclose(float(result.scores[0]), best_score, rtol=1e-5)
+
+
+def test_first_argmax_is_numpys_argmax_with_ties_infinities_and_nans():
+    from tfm.search import first_argmax
+
+    rng = np.random.default_rng(0)
+    rows = rng.integers(-3, 4, size=(200, 37)).astype(np.float32)  # many tied maxima
+    rows[0] = -np.inf
+    rows[1, 5:] = np.inf
+    rows[2, [4, 9]] = np.nan
+    rows[3] = np.nan
+    rows[4, -1] = np.nan
+    for row in (rows, rows.reshape(10, 20, 37)):
+        # NumPy's argmax also returns the first maximum and treats NaN as the maximum
+        np.testing.assert_array_equal(np.asarray(first_argmax(row)), np.argmax(row, axis=-1))

@@ -28,6 +28,7 @@ from tfm.search import (
     SearchResult,
     StepFn,
     filter_logits,
+    first_argmax,
     length_penalty,
     search_beams,
     search_one_token_per_step,
@@ -86,7 +87,7 @@ def encode_and_init_cache(
 
 def _argmax(logits: Array, step: Array) -> Array:
     del step
-    return jnp.argmax(logits, axis=-1)
+    return first_argmax(logits)
 
 
 def _transformer_one_token_per_step(

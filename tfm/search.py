@@ -61,6 +61,20 @@ def length_penalty(length: Array, alpha: float) -> Array:
     return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha
 
 
+def first_argmax(x: Array) -> Array:
+    """`jnp.argmax(x, axis=-1)`: the first index of each row's maximum, a NaN counting as the
+    maximum. Computed with plain reductions (a max, then the least index holding it or a NaN),
+    which XLA:CPU vectorizes; its (value, index) pair reduction for argmax took ~3 ns an element,
+    0.37 ms of a ~3 ms greedy step over `[16, 8000]` logits."""
+    size = x.shape[-1]
+    indices = jnp.arange(size, dtype=jnp.int32)
+    first_nan = jnp.min(jnp.where(jnp.isnan(x), indices, size), axis=-1)
+    # XLA:CPU's max may skip NaNs or return one; either way a row with a NaN takes first_nan
+    maximum = jnp.max(x, axis=-1, keepdims=True)
+    first_max = jnp.min(jnp.where(x == maximum, indices, size), axis=-1)
+    return jnp.where(first_nan < size, first_nan, first_max)
+
+
 def _run_in_chunks(step_fn, state, done_fn, max_steps: int, chunk: int):
     """Run `step_fn(state, i)` for i = 0..max_steps-1 as scans of `chunk` steps, stopping between
     chunks once `done_fn(state)` holds."""
