@@ -13,7 +13,7 @@ medians over every timed run. The JSON also holds:
     seconds per step / the higher ceiling;
   * each system's initial label-smoothed loss on the training batch without dropout (equal
     weights, so these must agree), and how often each decoder's output equals tfm's;
-  * the ratios tfm / peer and the issue-7 goals with whether each is met;
+  * the ratios tfm / peer and the performance goals (goals.py) with whether each is met;
   * each system's peak resident memory per workload (its worker process, from set-up through
     the first run, the libraries it imported included).
 
@@ -39,6 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
+from goals import judged as judged_goals  # noqa: E402
 from peers.workloads import WORKLOADS, Workload, agreement, forward_flops  # noqa: E402
 
 from tfm import host_memory  # noqa: E402
@@ -62,21 +63,6 @@ LIBRARY_VERSIONS = {
     "hf": ["torch", "transformers"],
     "ct2": ["ctranslate2"],
 }
-# (workload, system over, minimum ratio tfm / other): the performance issues' goals (round two:
-# training >= 1.1x every peer, beam 4 >= 1.0x CTranslate2, greedy >= 2.0x Hugging Face)
-GOALS = [
-    ("train_small", "torch", 1.1),
-    ("train_small", "hf", 1.1),
-    ("train_base", "torch", 1.1),
-    ("train_base", "hf", 1.1),
-    ("greedy_small", "ct2", 1.0),
-    ("greedy_small", "hf", 2.0),
-    ("beam4_small", "ct2", 1.0),
-    ("beam4_small", "hf", 2.0),
-    ("greedy_small", "tfm_uncached", 10.0),
-]
-# (workload, system): tfm's peak resident memory at most that system's
-MEMORY_GOALS = [("train_base", "torch")]
 INSTALL_HINT = "install the peers with: pip install -e '.[bench]'"
 
 
@@ -332,44 +318,6 @@ def _cpu() -> dict:
     }
 
 
-def _real_file_goals(result: dict | None) -> list[dict]:
-    """tfm at least as fast as CTranslate2 float32 warm; its first run, compilation included,
-    within 1.5x of a warm one: in a fresh process with an empty compilation cache, and with the
-    cache a previous run left (as a second decode.py run)."""
-    if result is None:
-        return []
-    systems = result["systems"]
-    tfm_seconds = systems["tfm"]["median_seconds"]
-    ratio = systems["ct2_float32"]["median_seconds"] / tfm_seconds
-    goals = [
-        dict(
-            workload="real_file_beam4",
-            tfm_over="ct2_float32",
-            goal=1.0,
-            measured=ratio,
-            met=ratio >= 1.0,
-        )
-    ]
-    for key, seconds_field in (
-        ("tfm_first_run_over_warm", "tfm_first_run_seconds_with_compilation"),
-        (
-            "tfm_first_run_with_cache_over_warm",
-            "tfm_first_run_seconds_with_cache_from_a_previous_run",
-        ),
-    ):
-        first_run_ratio = result[seconds_field] / tfm_seconds
-        goals.append(
-            {
-                "workload": "real_file_beam4",
-                key: first_run_ratio,
-                "goal": 1.5,
-                "measured": first_run_ratio,
-                "met": first_run_ratio <= 1.5,
-            }
-        )
-    return goals
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -441,32 +389,7 @@ def main() -> None:
 
     if real_file is not None:
         results["real_file_beam4"] = real_file
-    goals = _real_file_goals(real_file)
-    for workload, other, minimum in GOALS:
-        ratio = results.get(workload, {}).get("ratios_tfm_over", {}).get(other)
-        if ratio is not None:
-            goals.append(
-                {
-                    "workload": workload,
-                    "tfm_over": other,
-                    "goal": minimum,
-                    "measured": ratio,
-                    "met": ratio >= minimum,
-                }
-            )
-    for workload, other in MEMORY_GOALS:
-        systems = results.get(workload, {}).get("systems", {})
-        peaks = {s: systems.get(s, {}).get("peak_rss_mb") for s in ("tfm", other)}
-        if None not in peaks.values():
-            goals.append(
-                {
-                    "workload": workload,
-                    "peak_rss_mb_tfm_over": other,
-                    "goal": "<= 1.0",
-                    "measured": round(peaks["tfm"] / peaks[other], 3),
-                    "met": peaks["tfm"] <= peaks[other],
-                }
-            )
+    goals = judged_goals(results, real_file)
     versions = {}
     for worker in workers.values():
         versions.update(worker.versions)

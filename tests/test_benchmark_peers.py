@@ -231,3 +231,20 @@ def test_the_goals_summary_counts_the_runs_that_met_each_goal():
         "| train_base: peak_rss_mb_tfm_over=torch, goal=<= 1.0 | 1.10 [0.90-1.20] | 1 of 3 |"
         in lines
     )
+
+
+def test_a_run_is_judged_on_speed_ratios_and_peak_memory():
+    import goals
+
+    results = {
+        "train_base": {
+            "ratios_tfm_over": {"torch": 1.2, "hf": 1.05},
+            "systems": {"tfm": {"peak_rss_mb": 1800.0}, "torch": {"peak_rss_mb": 1500.0}},
+        }
+    }
+    judged = goals.judged(results, None)
+    speed = [(g["tfm_over"], g["met"]) for g in judged if "tfm_over" in g]
+    assert speed == [("torch", True), ("hf", False)]  # goal 1.1x each
+    (memory,) = [g for g in judged if "peak_rss_mb_tfm_over" in g]
+    assert memory["measured"] == 1.2 and not memory["met"]  # 1,800 / 1,500 MB
+    assert len(judged) == 3  # nothing for the workloads the run did not measure
