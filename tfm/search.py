@@ -64,8 +64,8 @@ def length_penalty(length: Array, alpha: float) -> Array:
 def first_argmax(x: Array) -> Array:
     """`jnp.argmax(x, axis=-1)`: the first index of each row's maximum, a NaN counting as the
     maximum. Computed with plain reductions (a max, then the least index holding it or a NaN),
-    which XLA:CPU vectorizes; its (value, index) pair reduction for argmax took ~3 ns an element,
-    0.37 ms of a ~3 ms greedy step over `[16, 8000]` logits."""
+    which XLA:CPU vectorizes, where its argmax is one (value, index) pair reduction that it does
+    not: SMALL greedy decoding ran ~5% faster (benchmarks/README.md, round six)."""
     size = x.shape[-1]
     indices = jnp.arange(size, dtype=jnp.int32)
     first_nan = jnp.min(jnp.where(jnp.isnan(x), indices, size), axis=-1)
