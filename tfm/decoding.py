@@ -54,7 +54,7 @@ def steps_allocated(src_len: int, extra_length: int, chunk: int) -> int:
     return int(math.ceil((src_len + extra_length) / chunk) * chunk)
 
 
-def _steps(src_len: int, extra_length: int, chunk: int, max_steps: int | None) -> int:
+def positions_allocated(src_len: int, extra_length: int, chunk: int, max_steps: int | None) -> int:
     """The positions a search allocates: every allowed output's, or `max_steps` (whole chunks)
     when that is fewer, leaving rows that need more incomplete (`SearchResult.complete`)."""
     allowed = steps_allocated(src_len, extra_length, chunk)
@@ -100,7 +100,7 @@ def _transformer_one_token_per_step(
     chunk: int,
     max_steps: int | None,
 ) -> SearchResult:
-    steps = _steps(src.shape[1], extra_length, chunk, max_steps)
+    steps = positions_allocated(src.shape[1], extra_length, chunk, max_steps)
     return search_one_token_per_step(
         transformer_step_fn(model, params),
         encode_and_init_cache(model, params, src, 1, steps),
@@ -220,7 +220,7 @@ def beam_search(
     hypotheses (`beams`) must be the k best, not only the first. Other arguments, `max_steps`
     too, as `greedy_search`.
     """
-    steps = _steps(src.shape[1], extra_length, chunk, max_steps)
+    steps = positions_allocated(src.shape[1], extra_length, chunk, max_steps)
     return search_beams(
         transformer_step_fn(model, params),
         encode_and_init_cache(model, params, src, beam_size, steps),
@@ -275,6 +275,7 @@ __all__ = [
     "greedy_search",
     "greedy_search_uncached",
     "max_output_lengths",
+    "positions_allocated",
     "sample",
     "steps_allocated",
     "transformer_step_fn",

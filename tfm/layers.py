@@ -298,6 +298,16 @@ class EncoderLayer(nn.Module):
         return self.feed_forward_block(x, self.feed_forward, deterministic)
 
 
+def _write_position(cache: Array, new: Array, position: Array) -> Array:
+    """`new` `[batch, heads, 1, d]` written into `cache` `[batch, heads, max_steps, d]` at
+    `position`: one slice update for a scalar, one row each for `[batch]` positions."""
+    new = new.astype(cache.dtype)
+    if jnp.ndim(position) == 0:
+        return jax.lax.dynamic_update_slice_in_dim(cache, new, position, axis=2)
+    rows = jnp.arange(cache.shape[0])
+    return cache.at[rows, :, position].set(new[:, :, 0], mode="promise_in_bounds")
+
+
 class DecoderLayer(nn.Module):
     """Decoder layer (section 3.1): masked self-attention, attention over the final encoder
     output (queries from the decoder, keys/values projected by this layer's own W^K, W^V), then
@@ -348,27 +358,26 @@ class DecoderLayer(nn.Module):
         cross_mask: Array | None,
         beams: int = 1,
     ) -> tuple[Array, Array, Array]:
-        """One incremental decoding step for `[batch, 1, d_model]` input at `position`.
+        """One incremental decoding step for `[batch, 1, d_model]` input at `position`: a
+        scalar (every row at the same position) or `[batch]` (each row its own, as when rows
+        start decoding at different times).
 
         Writes this step's self-attention K/V into the heads-first `[batch, heads, max_steps, d]`
-        caches at `position` and attends over positions <= `position`; `cross_k`/`cross_v` are
-        heads-first too (`cross_kv`), one copy per sentence when the `[batch]` rows are
-        `beams` consecutive beams of each sentence. Returns the output and both self-attention
-        caches.
+        caches at `position` and attends over positions <= `position` (later ones may hold
+        another sentence's stale K/V); `cross_k`/`cross_v` are heads-first too (`cross_kv`), one
+        copy per sentence when the `[batch]` rows are `beams` consecutive beams of each
+        sentence. Returns the output and both self-attention caches.
         """
 
         def self_attend(z: Array) -> Array:
             nonlocal self_k, self_v
             q, k, v = self.self_attention.project_qkv(z)
-            self_k = jax.lax.dynamic_update_slice_in_dim(
-                self_k, jnp.swapaxes(k, 1, 2).astype(self_k.dtype), position, axis=2
-            )
-            self_v = jax.lax.dynamic_update_slice_in_dim(
-                self_v, jnp.swapaxes(v, 1, 2).astype(self_v.dtype), position, axis=2
-            )
-            visible = jnp.arange(self_k.shape[2]) <= position
+            self_k = _write_position(self_k, jnp.swapaxes(k, 1, 2), position)
+            self_v = _write_position(self_v, jnp.swapaxes(v, 1, 2), position)
+            keys = jnp.arange(self_k.shape[2])
+            visible = keys[None, :] <= jnp.reshape(position, (-1, 1))  # [1 or batch, max_steps]
             return self.self_attention.attend(
-                q, self_k, self_v, visible[None, None, None, :], kv_layout="heads_first"
+                q, self_k, self_v, visible[:, None, None, :], kv_layout="heads_first"
             )
 
         y = self.self_attention_block(y, self_attend)

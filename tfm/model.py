@@ -236,12 +236,13 @@ class Transformer(nn.Module):
     def decode_step(
         self, cache: DecodeCache, tokens: Array, position: Array | int
     ) -> tuple[Array, DecodeCache]:
-        """One autoregressive step: `[rows]` last tokens at scalar `position` (0 for the BOS
-        token) -> float32 logits `[rows, vocab]` for the next token, and the updated cache. Rows
-        are the cache's sentences, or `beams` consecutive rows per sentence."""
+        """One autoregressive step: `[rows]` last tokens at `position` (0 for the BOS token), a
+        scalar or one per row `[rows]` -> float32 logits `[rows, vocab]` for the next token, and
+        the updated cache. Rows are the cache's sentences, or `beams` consecutive rows per
+        sentence."""
         beams = tokens.shape[0] // cache.src_valid.shape[0]
         position = jnp.asarray(position, jnp.int32)
-        positions = jnp.broadcast_to(position, (tokens.shape[0], 1))
+        positions = jnp.broadcast_to(jnp.reshape(position, (-1, 1)), (tokens.shape[0], 1))
         y = self._embed(tokens[:, None], positions, "tgt", deterministic=True)
         cross_mask = attn.key_padding_mask(cache.src_valid)
         new_layers = []

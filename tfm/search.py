@@ -233,6 +233,23 @@ def _gather_beams(x: Array, indices: Array) -> Array:
     return jnp.take_along_axis(x, indices.reshape(indices.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
+def _last_tokens(alive_ids: Array, i: Array) -> Array:
+    """`[batch, beam]` tokens each hypothesis ends with before step `i` (BOS at step 0)."""
+    if jnp.ndim(i) == 0:
+        return jnp.where(i == 0, BOS_ID, alive_ids[:, :, jnp.maximum(i - 1, 0)])
+    previous = jnp.maximum(i - 1, 0)[:, None, None]  # [b, 1, 1]
+    last = jnp.take_along_axis(alive_ids, previous, axis=2)[:, :, 0]
+    return jnp.where(i[:, None] == 0, BOS_ID, last)
+
+
+def _write_step(ids: Array, tokens: Array, i: Array) -> Array:
+    """`ids` `[batch, n, T]` with `tokens` `[batch, n]` written at step `i` (`[]` or `[batch]`)."""
+    if jnp.ndim(i) == 0:
+        return ids.at[:, :, i].set(tokens)
+    at_step = jnp.arange(ids.shape[2]) == i[:, None, None]  # [b, 1, T]
+    return jnp.where(at_step, tokens[:, :, None], ids)
+
+
 def _flat_rows(beam_indices: Array) -> Array:
     """`[batch, beam]` beam picks within each sentence -> `[batch * beam]` flat cache rows."""
     batch, beam = beam_indices.shape
@@ -249,17 +266,22 @@ def beam_search_step(
     settle: str = "best",
 ) -> BeamState:
     """Extend every alive hypothesis by every token, keep the best `beam` that did not end as the
-    new alive set and merge those that ended into the finished set (section 6.1)."""
+    new alive set and merge those that ended into the finished set (section 6.1).
+
+    `i` is the step: a scalar, or `[batch]` when each sentence is at its own step (sentences
+    that started at different times, `tfm.slots`)."""
     batch, beam = state.alive_log_probs.shape
-    last = jnp.where(i == 0, BOS_ID, state.alive_ids[:, :, jnp.maximum(i - 1, 0)])  # [b, k]
-    logits, cache = step_fn(state.cache, last.reshape(-1), i)  # [b * k, vocab]
+    per_sentence = jnp.ndim(i) == 1
+    last = _last_tokens(state.alive_ids, i)  # [b, k]
+    positions = jnp.repeat(i, beam) if per_sentence else i
+    logits, cache = step_fn(state.cache, last.reshape(-1), positions)  # [b * k, vocab]
     log_probs = jax.nn.log_softmax(logits).reshape(batch, beam, -1)  # [b, k, vocab]
     vocab = log_probs.shape[-1]
     candidates = (state.alive_log_probs[:, :, None] + log_probs).reshape(batch, -1)  # [b, k*V]
     # 2k candidates always leave k that did not just end
     top_log_probs, top_flat = jax.lax.top_k(candidates, 2 * beam)  # [b, 2k]
     top_beams, top_tokens = top_flat // vocab, top_flat % vocab  # [b, 2k]
-    top_ids = _gather_beams(state.alive_ids, top_beams).at[:, :, i].set(top_tokens)  # [b, 2k, T]
+    top_ids = _write_step(_gather_beams(state.alive_ids, top_beams), top_tokens, i)  # [b, 2k, T]
     ended = (i + 1 >= max_lengths)[:, None]  # [b, 1]
     if eos_id is not None:
         ended = ended | (top_tokens == eos_id)  # [b, 2k]
@@ -272,13 +294,13 @@ def beam_search_step(
     cache = cache.reorder_beams(_flat_rows(parents))
 
     # finished: the k best of the old finished and the candidates that ended now
-    length = i + 1
-    new_scores = jnp.where(ended, top_log_probs / length_penalty(length, alpha), NEG_INF)
+    length = i + 1  # [] or [b]
+    length_column = jnp.reshape(length, (-1, 1))  # [1 or b, 1]
+    new_scores = jnp.where(ended, top_log_probs / length_penalty(length_column, alpha), NEG_INF)
     all_scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)  # [b, 3k]
     all_ids = jnp.concatenate([state.finished_ids, top_ids], axis=1)  # [b, 3k, T]
-    all_lengths = jnp.concatenate(
-        [state.finished_lengths, jnp.full((batch, 2 * beam), length, jnp.int32)], axis=1
-    )
+    new_lengths = jnp.broadcast_to(length_column, (batch, 2 * beam)).astype(jnp.int32)
+    all_lengths = jnp.concatenate([state.finished_lengths, new_lengths], axis=1)
     finished_scores, finished_pick = jax.lax.top_k(all_scores, beam)  # [b, k]
     finished_ids = _gather_beams(all_ids, finished_pick)  # [b, k, T]
     finished_lengths = jnp.take_along_axis(all_lengths, finished_pick, axis=1)

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from tfm import decoding, metrics
+from tfm import decoding, metrics, slots
 from tfm.config import ModelConfig
 from tfm.model import Transformer
 from tfm.tokens import BOS_ID, EOS_ID, PAD_ID
@@ -64,11 +64,11 @@ class TranslateConfig:
 
 
 def default_batch_tokens(backend: str | None = None) -> int:
-    """Padded source tokens x beams per decoding batch on `backend` (default: JAX's): 1024 on
-    CPU, 4096 on an accelerator. On 2 CPU cores the main job's test split (beam 4) decoded
-    ~1.2x faster in 1024-token batches than in 4096 (measured interleaved; 512 and 2048 were
-    slower than 1024): a batch runs until its slowest sentence settles, and a CPU gains little
-    from wider batches. Accelerators want wide batches; 4096 is the old default, not tuned."""
+    """Padded source tokens x beams per decoding batch (beam search: per batch of slots,
+    `tfm.slots`) on `backend` (default: JAX's): 1024 on CPU, 4096 on an accelerator. On 2 CPU
+    cores the main job's test split (beam 4, streamed through slots) decoded in 6.2-6.5 s at
+    1024, 7.4-7.5 s at 512 and at 2048 (measured alone, 2026-12-01). Accelerators want wide
+    batches; 4096 is not tuned."""
     backend = backend or jax.default_backend()
     return 1024 if backend == "cpu" else 4096
 
@@ -163,13 +163,15 @@ def _buckets(config: TranslateConfig) -> list[int]:
 
 class _Batch(NamedTuple):
     length: int  # padded source length (a bucket)
-    rows: int  # sentences in the padded batch
-    sentences: list[int]  # indices of the sources it holds, at most `rows`
+    rows: int  # sentences in the padded batch (beam search: slots, `tfm.slots`)
+    sentences: list[int]  # indices of the sources it holds: at most `rows`, or for beam search
+    # every source of its bucket, streamed through the `rows` slots
 
 
 def _plan(encoded: Sequence[Sequence[int]], config: TranslateConfig) -> list[_Batch]:
     """The batches that translate `encoded`: non-empty sources sorted by length, grouped into
-    each length bucket's batches of `batch_tokens` padded source tokens x beams."""
+    each length bucket's batches of `batch_tokens` padded source tokens x beams. Beam search
+    streams a whole bucket through one batch of slots."""
     buckets = _buckets(config)
     batch_tokens = config.batch_tokens_on_this_backend()
     order = sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
@@ -177,10 +179,57 @@ def _plan(encoded: Sequence[Sequence[int]], config: TranslateConfig) -> list[_Ba
     while start < len(order):
         length = next(b for b in buckets if b >= len(encoded[order[start]]) + 1)
         rows = max(1, batch_tokens // length // config.beam_size)
-        chunk = [i for i in order[start : start + rows] if len(encoded[i]) + 1 <= length]
+        fits = [i for i in order[start:] if len(encoded[i]) + 1 <= length]
+        chunk = fits if config.beam_size > 1 else fits[:rows]
         plan.append(_Batch(length, rows, chunk))
         start += len(chunk)
     return plan
+
+
+def _padded(sources: Sequence[Sequence[int]], rows: int, length: int) -> np.ndarray:
+    """`[rows, length]` ids: each source then EOS, then padding (rows beyond them all padding)."""
+    batch = np.zeros((rows, length), np.int32)
+    for r, ids in enumerate(sources):
+        batch[r, : len(ids)] = ids
+        batch[r, len(ids)] = EOS_ID
+    return batch
+
+
+def _stream_settings(config: TranslateConfig, rows: int, length: int) -> slots.StreamSettings:
+    """Beam search's `tfm.slots` settings for a bucket: as many positions as `search_batch`
+    first tries, blocks of 4 batches' sentences."""
+    return slots.StreamSettings(
+        rows=rows,
+        src_len=length,
+        max_steps=decoding.positions_allocated(
+            length, config.extra_length, 8, first_try_steps(length)
+        ),
+        block=4 * rows,
+        beam_size=config.beam_size,
+        alpha=config.alpha,
+        extra_length=config.extra_length,
+    )
+
+
+def _beam_search_bucket(
+    model: Transformer,
+    params,
+    encoded: Sequence[Sequence[int]],
+    part: _Batch,
+    config: TranslateConfig,
+) -> dict[int, np.ndarray]:
+    """Best hypothesis of each source in `part`, streamed through its slots in `first_try_steps`
+    positions; the few that need more are searched again in batches with all of them."""
+    sources = [np.asarray([*encoded[i], EOS_ID], np.int32) for i in part.sentences]
+    settings = _stream_settings(config, part.rows, part.length)
+    found, needs_more = slots.search_stream(model, params, sources, settings)
+    outputs = {part.sentences[k]: ids for k, ids in found.items()}
+    for start in range(0, len(needs_more), part.rows):
+        again = [part.sentences[k] for k in needs_more[start : start + part.rows]]
+        src = _padded([encoded[i] for i in again], part.rows, part.length)
+        ids = np.asarray(run_search(model, params, src, config).ids)
+        outputs.update({i: ids[r] for r, i in enumerate(again)})
+    return outputs
 
 
 class _CompileAhead:
@@ -201,7 +250,11 @@ class _CompileAhead:
     @staticmethod
     def _compile(model: Transformer, params, config: TranslateConfig, shape) -> None:
         padding = np.full(shape, PAD_ID, np.int32)
-        jax.block_until_ready(run_search(model, params, padding, config, first_try_steps(shape[1])))
+        if config.beam_size == 1:
+            result = run_search(model, params, padding, config, first_try_steps(shape[1]))
+            jax.block_until_ready(result)
+            return
+        slots.compile_ahead(model, params, _stream_settings(config, *shape))
 
     def wait_for(self, shape) -> None:
         self._ready[shape].result()  # re-raises what compiling raised
@@ -223,17 +276,18 @@ def translate_ids(
     plan = _plan(encoded, config)
     ahead = _CompileAhead(model, params, config, plan)
     try:
-        for batch_plan in plan:
-            batch = np.zeros((batch_plan.rows, batch_plan.length), np.int32)
-            for r, i in enumerate(batch_plan.sentences):
-                batch[r, : len(encoded[i])] = encoded[i]
-                batch[r, len(encoded[i])] = EOS_ID
-            ahead.wait_for(batch.shape)
-            ids = np.asarray(search_batch(model, params, batch, config).ids)
-            for r, i in enumerate(batch_plan.sentences):
-                outputs[i] = ids[r]
+        for part in plan:
+            ahead.wait_for((part.rows, part.length))
+            if config.beam_size > 1:
+                found = _beam_search_bucket(model, params, encoded, part, config)
+            else:
+                batch = _padded([encoded[i] for i in part.sentences], part.rows, part.length)
+                ids = np.asarray(search_batch(model, params, batch, config).ids)
+                found = {i: ids[r] for r, i in enumerate(part.sentences)}
+            for i, ids in found.items():
+                outputs[i] = ids
             if progress is not None:
-                progress(len(batch_plan.sentences))
+                progress(len(part.sentences))
     finally:
         ahead.close()
     return outputs

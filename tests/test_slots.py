@@ -1,0 +1,53 @@
+"""Continuous batching (`tfm.slots`): sentences streamed through a few slots get exactly the
+results of `tfm.decoding.beam_search` on each sentence."""
+
+import collections
+
+import jax
+import numpy as np
+import pytest
+
+from tests.conftest import tiny_model_config
+from tfm import Transformer, decoding, slots
+from tfm.tokens import EOS_ID
+
+SRC_LEN = 8
+POSITIONS = 2 * SRC_LEN + 16  # as translate's first try
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = Transformer(tiny_model_config(40, max_positions=128))
+    params = model.init(
+        jax.random.key(0), np.ones((1, SRC_LEN), np.int32), np.ones((1, 4), np.int32)
+    )["params"]
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, SRC_LEN, 23)
+    sources = [np.array([*rng.integers(4, 40, n), EOS_ID], np.int32) for n in lengths]
+    batch = np.zeros((len(sources), SRC_LEN), np.int32)
+    for i, ids in enumerate(sources):
+        batch[i, : len(ids)] = ids
+    # an untrained model seldom ends a sentence: stand-in EOS ids are tokens greedy search emits
+    greedy = decoding.greedy_search(model, params, batch, eos_id=None, max_steps=POSITIONS)
+    common = collections.Counter(np.asarray(greedy.ids)[:, 3:8].ravel().tolist()).most_common(3)
+    return model, params, sources, batch, [int(token) for token, _ in common]
+
+
+@pytest.mark.parametrize("which_eos, block", [(0, 5), (0, 64), (2, 8), (None, 16)])
+def test_streamed_results_equal_beam_search_sentence_by_sentence(setup, which_eos, block):
+    """In blocks smaller than the slots and larger than all the sentences; with most sentences
+    ending early, some, and none (every one out of positions)."""
+    model, params, sources, batch, eos_ids = setup
+    eos_id = None if which_eos is None else eos_ids[which_eos]
+    settings = slots.StreamSettings(
+        rows=4, src_len=SRC_LEN, max_steps=POSITIONS, block=block, beam_size=4, eos_id=eos_id
+    )
+    found, needs_more = slots.search_stream(model, params, sources, settings)
+    expected = decoding.beam_search(model, params, batch, max_steps=POSITIONS, eos_id=eos_id)
+    complete = np.asarray(expected.complete)
+    assert sorted(found) == [i for i in range(len(sources)) if complete[i]]
+    assert sorted(needs_more) == [i for i in range(len(sources)) if not complete[i]]
+    for i, ids in found.items():
+        np.testing.assert_array_equal(ids, np.asarray(expected.ids[i]), err_msg=f"source {i}")
+    if which_eos == 0:  # the case meant to exercise refilling: most sentences end early
+        assert complete.sum() > len(sources) // 2
