@@ -51,3 +51,15 @@ def test_streamed_results_equal_beam_search_sentence_by_sentence(setup, which_eo
         np.testing.assert_array_equal(ids, np.asarray(expected.ids[i]), err_msg=f"source {i}")
     if which_eos == 0:  # the case meant to exercise refilling: most sentences end early
         assert complete.sum() > len(sources) // 2
+
+
+def test_one_program_however_many_blocks(setup):
+    """The slots a block leaves are the next block's input: their types match the first call's
+    (a weakly typed score array once made every second block compile the program again)."""
+    model, params, sources, _, eos_ids = setup
+    settings = slots.StreamSettings(
+        rows=3, src_len=SRC_LEN, max_steps=POSITIONS, block=4, beam_size=4, eos_id=eos_ids[1]
+    )
+    before = slots.stream._cache_size()
+    slots.search_stream(model, params, sources, settings)  # 6 blocks
+    assert slots.stream._cache_size() - before == 1

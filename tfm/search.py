@@ -222,7 +222,7 @@ class BeamState:
             # only beam 0 is live at the start, so the first step does not pick duplicates
             alive_log_probs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (beam - 1)), (batch, 1)),
             finished_ids=jnp.full((batch, beam, max_steps), PAD_ID, jnp.int32),
-            finished_scores=jnp.full((batch, beam), NEG_INF),
+            finished_scores=jnp.full((batch, beam), NEG_INF, jnp.float32),  # not weakly typed
             finished_lengths=jnp.zeros((batch, beam), jnp.int32),
             done=max_lengths <= 0,
         )
