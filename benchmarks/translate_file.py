@@ -120,7 +120,9 @@ def _systems(workdir: str, tfm_translate, average: int, exported: str, threads: 
         for start in range(0, len(order), hf_batch):
             chunk = order[start : start + hf_batch]
             batch = tokenizer([lines[i] for i in chunk], return_tensors="pt", padding=True)
-            generated = model.generate(**batch, num_beams=BEAM, max_new_tokens=256)
+            # 256 new tokens; max_length counts the start token (max_new_tokens would conflict
+            # with the export's max_length, and Transformers would warn on every call)
+            generated = model.generate(**batch, num_beams=BEAM, max_length=257)
             for i, text in zip(
                 chunk, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True
             ):
