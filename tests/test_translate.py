@@ -87,6 +87,11 @@ def test_a_batch_that_needs_every_position_is_searched_again_with_all_of_them(be
     searched = translate.search_batch(model, params, src, settings)
     np.testing.assert_array_equal(searched.ids, full.ids)
     np.testing.assert_array_equal(searched.lengths, full.lengths)
+    # the same through translate_ids (beam search: streamed through slots, then searched again)
+    outputs = translate.translate_ids(model, params, [[5, 6, 7], [8, 9]], settings)
+    for row, length in enumerate(np.asarray(full.lengths)):
+        np.testing.assert_array_equal(outputs[row][:length], np.asarray(full.ids)[row, :length])
+        assert not outputs[row][length:].any()  # padding after the hypothesis
 
 
 def test_translations_do_not_depend_on_the_batch_size():
