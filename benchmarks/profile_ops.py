@@ -51,17 +51,14 @@ def source(op_name: str) -> str:
     return "/".join(parts[-2:]) if parts else "?"
 
 
-def profile(workload: str, runs: int) -> tuple[dict, dict, float]:
-    w = WORKLOADS[workload]
-    system = (tfm_system.Trainer if w.kind == "train" else tfm_system.Decoder)(w, None)
-    system.run()
-    system.run()
-    text = system.compiled_text()
+def traced_ops(run, runs: int = 1) -> tuple[collections.Counter, collections.Counter, float]:
+    """Trace `runs` calls of `run()`: milliseconds and calls per run of each HLO op, and the wall
+    seconds per run."""
     with tempfile.TemporaryDirectory(prefix="tfm-profile-") as directory:
         jax.profiler.start_trace(directory)
         start = time.perf_counter()
         for _ in range(runs):
-            system.run()
+            run()
         wall = (time.perf_counter() - start) / runs
         jax.profiler.stop_trace()
         (trace,) = glob.glob(f"{directory}/**/*.trace.json.gz", recursive=True)
@@ -72,6 +69,16 @@ def profile(workload: str, runs: int) -> tuple[dict, dict, float]:
         if event.get("ph") == "X" and "dur" in event and not event["name"].startswith(NOT_OPS):
             durations[event["name"]] += event["dur"] / 1e3 / runs
             counts[event["name"]] += 1 / runs
+    return durations, counts, wall
+
+
+def profile(workload: str, runs: int) -> tuple[dict, dict, float]:
+    w = WORKLOADS[workload]
+    system = (tfm_system.Trainer if w.kind == "train" else tfm_system.Decoder)(w, None)
+    system.run()
+    system.run()
+    text = system.compiled_text()
+    durations, counts, wall = traced_ops(system.run, runs)
     return {"durations": durations, "counts": counts}, hlo_ops(text), wall
 
 
