@@ -61,5 +61,7 @@ def test_one_program_however_many_blocks(setup):
         rows=3, src_len=SRC_LEN, max_steps=POSITIONS, block=4, beam_size=4, eos_id=eos_ids[1]
     )
     before = slots.stream._cache_size()
-    slots.search_stream(model, params, sources, settings)  # 6 blocks
+    left = []
+    slots.search_stream(model, params, sources, settings, progress=left.append)  # 6 blocks
     assert slots.stream._cache_size() - before == 1
+    assert len(left) == 6 and sum(left) == len(sources)  # reported block by block

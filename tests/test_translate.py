@@ -88,7 +88,11 @@ def test_a_batch_that_needs_every_position_is_searched_again_with_all_of_them(be
     np.testing.assert_array_equal(searched.ids, full.ids)
     np.testing.assert_array_equal(searched.lengths, full.lengths)
     # the same through translate_ids (beam search: streamed through slots, then searched again)
-    outputs = translate.translate_ids(model, params, [[5, 6, 7], [8, 9]], settings)
+    left = []
+    outputs = translate.translate_ids(
+        model, params, [[5, 6, 7], [8, 9]], settings, progress=left.append
+    )
+    assert sum(left) == 2  # progress hears of each sentence once
     for row, length in enumerate(np.asarray(full.lengths)):
         np.testing.assert_array_equal(outputs[row][:length], np.asarray(full.ids)[row, :length])
         assert not outputs[row][length:].any()  # padding after the hypothesis

@@ -15,7 +15,7 @@ One compiled program per (rows, source length, block).
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
@@ -274,12 +274,17 @@ def compile_ahead(model: Transformer, params, settings: StreamSettings) -> None:
 
 
 def search_stream(
-    model: Transformer, params, sources: Sequence[np.ndarray], settings: StreamSettings
+    model: Transformer,
+    params,
+    sources: Sequence[np.ndarray],
+    settings: StreamSettings,
+    progress: Callable[[int], None] | None = None,
 ) -> tuple[dict[int, np.ndarray], list[int]]:
     """Beam-search each of `sources` (ids ending with EOS, at most `settings.src_len` long)
     through `settings.rows` slots of `settings.max_steps` positions. Returns each source's best
     hypothesis `[max_steps]` by index, and the indices of those that needed more positions
-    (search them again with more)."""
+    (search them again with more). `progress(n)` hears of the n sources that left their slots
+    after each block."""
     if settings.beam_size < 2:
         raise ValueError(
             f"search_stream is beam search: beam_size must be >= 2, got {settings.beam_size}"
@@ -307,4 +312,6 @@ def search_stream(
                 found[i] = row
             else:
                 needs_more.append(i)
+        if progress is not None:
+            progress(count)
     return found, needs_more

@@ -202,7 +202,7 @@ def _stream_settings(config: TranslateConfig, rows: int, length: int) -> slots.S
         rows=rows,
         src_len=length,
         max_steps=decoding.positions_allocated(
-            length, config.extra_length, 8, first_try_steps(length)
+            length, config.extra_length, chunk=8, max_steps=first_try_steps(length)
         ),
         block=4 * rows,
         beam_size=config.beam_size,
@@ -217,12 +217,14 @@ def _beam_search_bucket(
     encoded: Sequence[Sequence[int]],
     part: _Batch,
     config: TranslateConfig,
+    progress: Callable[[int], None] | None,
 ) -> dict[int, np.ndarray]:
     """Best hypothesis of each source in `part`, streamed through its slots in `first_try_steps`
-    positions; the few that need more are searched again in batches with all of them."""
+    positions; the few that need more are searched again in batches with all of them.
+    `progress` hears of sources as they leave the slots."""
     sources = [np.asarray([*encoded[i], EOS_ID], np.int32) for i in part.sentences]
     settings = _stream_settings(config, part.rows, part.length)
-    found, needs_more = slots.search_stream(model, params, sources, settings)
+    found, needs_more = slots.search_stream(model, params, sources, settings, progress)
     outputs = {part.sentences[k]: ids for k, ids in found.items()}
     for start in range(0, len(needs_more), part.rows):
         again = [part.sentences[k] for k in needs_more[start : start + part.rows]]
@@ -279,15 +281,15 @@ def translate_ids(
         for part in plan:
             ahead.wait_for((part.rows, part.length))
             if config.beam_size > 1:
-                found = _beam_search_bucket(model, params, encoded, part, config)
+                found = _beam_search_bucket(model, params, encoded, part, config, progress)
             else:
                 batch = _padded([encoded[i] for i in part.sentences], part.rows, part.length)
                 ids = np.asarray(search_batch(model, params, batch, config).ids)
                 found = {i: ids[r] for r, i in enumerate(part.sentences)}
+                if progress is not None:
+                    progress(len(part.sentences))
             for i, ids in found.items():
                 outputs[i] = ids
-            if progress is not None:
-                progress(len(part.sentences))
     finally:
         ahead.close()
     return outputs
