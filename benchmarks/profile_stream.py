@@ -50,26 +50,7 @@ def main() -> None:
         return slots.search_stream(model, params, stream, settings)
 
     run()
-    empty = slots.empty_slots(
-        model, params, part.rows, part.length, config.beam_size, settings.max_steps
-    )
-    src = np.zeros((settings.block, part.length), np.int32)
-    sentence = np.full((settings.block,), -1, np.int32)
-    text = (
-        slots.stream.lower(
-            model,
-            params,
-            empty,
-            src,
-            sentence,
-            np.bool_(True),
-            alpha=settings.alpha,
-            eos_id=settings.eos_id,
-            extra_length=settings.extra_length,
-        )  # fmt: skip
-        .compile()
-        .as_text()
-    )
+    text = slots.lowered(model, params, settings).compile().as_text()
     durations, counts, wall = traced_ops(run)
     ops = hlo_ops(text)
     steps = round(max(counts[n] for n in durations if n.startswith("custom-call")))  # TopK

@@ -248,9 +248,12 @@ class StreamSettings(NamedTuple):
     eos_id: int | None = EOS_ID
 
 
-def _run_block(model, params, slots, src, sentence, run_to_end: bool, settings: StreamSettings):
-    """`stream`, called the same way by `search_stream` and `compile_ahead`."""
-    return stream(
+def _run_block(
+    model, params, slots, src, sentence, run_to_end: bool, settings: StreamSettings, program=None
+):
+    """`stream` (or `program`, e.g. `stream.lower`), called the same way by `search_stream`,
+    `compile_ahead` and `lowered`."""
+    return (program or stream)(
         model,
         params,
         slots,
@@ -263,14 +266,24 @@ def _run_block(model, params, slots, src, sentence, run_to_end: bool, settings: 
     )
 
 
-def compile_ahead(model: Transformer, params, settings: StreamSettings) -> None:
-    """Compile `search_stream`'s program for `settings` (running it on an empty block)."""
+def _on_an_empty_block(model: Transformer, params, settings: StreamSettings, program=None):
+    """`_run_block` on empty slots and a block of padding: the program finishes at once."""
     slots = empty_slots(
         model, params, settings.rows, settings.src_len, settings.beam_size, settings.max_steps
     )
     src = np.zeros((settings.block, settings.src_len), np.int32)
     sentence = np.full((settings.block,), -1, np.int32)
-    jax.block_until_ready(_run_block(model, params, slots, src, sentence, True, settings))
+    return _run_block(model, params, slots, src, sentence, True, settings, program)
+
+
+def compile_ahead(model: Transformer, params, settings: StreamSettings) -> None:
+    """Compile `search_stream`'s program for `settings` into jit's cache (running it)."""
+    jax.block_until_ready(_on_an_empty_block(model, params, settings))
+
+
+def lowered(model: Transformer, params, settings: StreamSettings) -> jax.stages.Lowered:
+    """`search_stream`'s program for `settings`, lowered (to read its compiled HLO)."""
+    return _on_an_empty_block(model, params, settings, program=stream.lower)
 
 
 def search_stream(
