@@ -136,3 +136,18 @@ def test_first_argmax_is_numpys_argmax_with_ties_infinities_and_nans():
     for row in (rows, rows.reshape(10, 20, 37)):
         # NumPy's argmax also returns the first maximum and treats NaN as the maximum
         np.testing.assert_array_equal(np.asarray(first_argmax(row)), np.argmax(row, axis=-1))
+
+
+def test_token_log_probs_is_numpys_log_softmax_at_the_tokens():
+    from tfm.search import token_log_probs
+
+    rng = np.random.default_rng(1)
+    logits = rng.normal(scale=4.0, size=(6, 500)).astype(np.float32)
+    logits[1] += 1e4  # large logits: the partition sum must not overflow
+    logits[2, :250] = -np.inf  # tokens that can never be picked
+    tokens = np.array([0, 499, 250, 17, 3, 123], np.int32)
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    log_softmax = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    expected = log_softmax[np.arange(6), tokens]
+    found = np.asarray(token_log_probs(logits, tokens))
+    np.testing.assert_allclose(found, expected, rtol=1e-5, atol=1e-5)

@@ -255,8 +255,8 @@ def greedy_search_uncached(
     def step(carry, i):
         inputs, out = carry
         logits = model.apply(variables, encoded, src, inputs, method=Transformer.decode)
-        log_probs = jax.nn.log_softmax(jax.lax.dynamic_index_in_dim(logits, i, 1, False))
-        token, out = out.extend(jnp.argmax(log_probs, -1), log_probs, i, max_lengths, eos_id)
+        logits = jax.lax.dynamic_index_in_dim(logits, i, 1, False)
+        token, out = out.extend(jnp.argmax(logits, -1), logits, i, max_lengths, eos_id)
         inputs = jax.lax.dynamic_update_index_in_dim(
             inputs, token, jnp.minimum(i + 1, max_steps - 1), 1
         )

@@ -65,14 +65,29 @@ def first_argmax(x: Array) -> Array:
     """`jnp.argmax(x, axis=-1)`: the first index of each row's maximum, a NaN counting as the
     maximum. Computed with plain reductions (a max, then the least index holding it or a NaN),
     which XLA:CPU vectorizes, where its argmax is one (value, index) pair reduction that it does
-    not: SMALL greedy decoding ran ~5% faster (benchmarks/README.md, round six)."""
+    not: SMALL greedy decoding ran ~5% faster (benchmarks/README.md, round six). The indices are
+    float32 where they are exact (below 2^24): XLA:CPU splits an int32 min-reduction into three
+    passes, a float32 one runs as one; and the first NaN and the first maximum come from one
+    min-reduction (benchmarks/README.md, round eight)."""
     size = x.shape[-1]
-    indices = jnp.arange(size, dtype=jnp.int32)
-    first_nan = jnp.min(jnp.where(jnp.isnan(x), indices, size), axis=-1)
-    # XLA:CPU's max may skip NaNs or return one; either way a row with a NaN takes first_nan
+    dtype = jnp.float32 if size < 2**24 else jnp.int32
+    indices = jnp.arange(size, dtype=dtype)
+    # XLA:CPU's max may skip NaNs or return one; either way a NaN's key is below every other
+    # (index - size < 0), so one min-reduction finds the first NaN, else the first maximum
     maximum = jnp.max(x, axis=-1, keepdims=True)
-    first_max = jnp.min(jnp.where(x == maximum, indices, size), axis=-1)
-    return jnp.where(first_nan < size, first_nan, first_max)
+    key = jnp.where(jnp.isnan(x), indices - size, jnp.where(x == maximum, indices, size))
+    first = jnp.min(key, axis=-1)
+    return jnp.where(first < 0, first + size, first).astype(jnp.int32)
+
+
+def token_log_probs(logits: Array, tokens: Array) -> Array:
+    """`log_softmax(logits)` at `tokens` (`[batch, vocab]`, `[batch]` -> `[batch]`): the token's
+    logit less the log of the partition sum, without writing the whole `[batch, vocab]`
+    log-softmax that a one-token-per-step search reads one entry of."""
+    maximum = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    log_sum = jnp.log(jnp.sum(jnp.exp(logits - maximum), axis=-1))
+    picked = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
+    return picked - maximum[:, 0] - log_sum
 
 
 def _run_in_chunks(step_fn, state, done_fn, max_steps: int, chunk: int):
@@ -121,13 +136,14 @@ class Hypotheses:
         )
 
     def extend(
-        self, token: Array, log_probs: Array, i: Array, max_lengths: Array, eos_id: int | None
+        self, token: Array, logits: Array, i: Array, max_lengths: Array, eos_id: int | None
     ) -> tuple[Array, Hypotheses]:
         """Record step i's `[batch]` token for sentences still running (PAD for finished ones),
-        add its log-probability; a sentence finishes on EOS or at its length limit."""
+        add its log-probability under `[batch, vocab]` logits; a sentence finishes on EOS or at
+        its length limit."""
         active = ~self.done
         token = jnp.where(active, token, PAD_ID).astype(jnp.int32)
-        token_log_prob = jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0]
+        token_log_prob = token_log_probs(logits, token)
         finished = i + 1 >= max_lengths
         if eos_id is not None:
             finished = finished | (token == eos_id)
@@ -178,9 +194,7 @@ def search_one_token_per_step(
 
     def step(state: _TokenByTokenState, i: Array) -> _TokenByTokenState:
         logits, cache = step_fn(state.cache, state.last, i)
-        token, out = state.out.extend(
-            pick(logits, i), jax.nn.log_softmax(logits), i, max_lengths, eos_id
-        )
+        token, out = state.out.extend(pick(logits, i), logits, i, max_lengths, eos_id)
         return _TokenByTokenState(cache=cache, last=token, out=out)
 
     state = _run_in_chunks(step, state, lambda s: jnp.all(s.out.done), max_steps, chunk)
