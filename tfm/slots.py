@@ -63,9 +63,7 @@ class Settled:
     count: Array
 
 
-@functools.partial(
-    jax.jit, static_argnames=("model", "rows", "src_len", "beam_size", "max_steps")
-)
+@functools.partial(jax.jit, static_argnames=("model", "rows", "src_len", "beam_size", "max_steps"))
 def empty_slots(
     model: Transformer, params, rows: int, src_len: int, beam_size: int, max_steps: int
 ) -> Slots:
