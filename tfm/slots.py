@@ -319,9 +319,26 @@ def search_stream(
         )
     found: dict[int, np.ndarray] = {}
     needs_more: list[int] = []
+
+    def collect(settled: Settled) -> None:
+        # whole arrays to the host, cut there: a slice per count would be a program per count
+        sentence, ids, complete, count = jax.device_get(
+            (settled.sentence, settled.ids, settled.complete, settled.count)
+        )
+        for i, row, ok in zip(
+            sentence[:count].tolist(), ids[:count], complete[:count], strict=True
+        ):
+            if ok:
+                found[i] = row
+            else:
+                needs_more.append(i)
+        if progress is not None:
+            progress(int(count))
+
     slots = empty_slots(
         model, params, settings.rows, settings.src_len, settings.beam_size, settings.max_steps
     )
+    pending = None
     for start in range(0, len(sources), settings.block):
         block = sources[start : start + settings.block]
         src = np.zeros((settings.block, settings.src_len), np.int32)
@@ -331,15 +348,9 @@ def search_stream(
             sentence[r] = start + r
         last = start + settings.block >= len(sources)
         slots, settled = _run_block(model, params, slots, src, sentence, last, settings)
-        count = int(settled.count)
-        indices, ids, complete = jax.device_get(
-            (settled.sentence[:count], settled.ids[:count], settled.complete[:count])
-        )
-        for i, row, ok in zip(indices.tolist(), ids, complete, strict=True):
-            if ok:
-                found[i] = row
-            else:
-                needs_more.append(i)
-        if progress is not None:
-            progress(count)
+        if pending is not None:  # the previous block's results, read while this block runs
+            collect(pending)
+        pending = settled
+    if pending is not None:
+        collect(pending)
     return found, needs_more
