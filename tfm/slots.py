@@ -63,25 +63,35 @@ class Settled:
     count: Array
 
 
-@functools.partial(jax.jit, static_argnames=("model", "rows", "src_len", "beam_size", "max_steps"))
 def empty_slots(
     model: Transformer, params, rows: int, src_len: int, beam_size: int, max_steps: int
 ) -> Slots:
     """`rows` empty slots for sources of `src_len` tokens, `max_steps` decoder positions.
-    Compiled: built op by op, each new shape compiled a program of its own (~0.2 s of a first
-    run's time per length bucket)."""
-    src = jnp.zeros((rows, src_len), jnp.int32)  # all padding: each slot is finished already
-    cache = jax.eval_shape(
-        lambda p: encode_and_init_cache(model, p, src, beam_size, max_steps), params
+
+    A slot is empty when its `sentence` is -1 and its search `done` (as `_release` leaves it);
+    `_admit` sets every other field of a slot it fills, so they start as zeros. Built on the
+    host from the traced shapes: built as JAX ops, a first run compiled them once per length
+    bucket (~0.2 s each)."""
+    src = jax.ShapeDtypeStruct((rows, src_len), jnp.int32)
+
+    def slots_shape(params, src):
+        cache = encode_and_init_cache(model, params, src, beam_size, max_steps)
+        return Slots(
+            beams=BeamState.start(cache, jnp.zeros((rows,), jnp.int32), beam_size, max_steps),
+            steps=jnp.zeros((rows,), jnp.int32),
+            max_lengths=jnp.zeros((rows,), jnp.int32),
+            incomplete=jnp.zeros((rows,), bool),
+            sentence=jnp.zeros((rows,), jnp.int32),
+        )
+
+    zeros = jax.tree.map(
+        lambda x: np.zeros(x.shape, x.dtype), jax.eval_shape(slots_shape, params, src)
     )
-    cache = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), cache)
-    return Slots(  # each its own buffer: `stream` takes them over (donates them)
-        beams=BeamState.start(cache, jnp.zeros((rows,), jnp.int32), beam_size, max_steps),
-        steps=jnp.zeros((rows,), jnp.int32),
-        max_lengths=jnp.zeros((rows,), jnp.int32),
-        incomplete=jnp.zeros((rows,), bool),
-        sentence=jnp.full((rows,), -1, jnp.int32),
+    empty = zeros.replace(
+        beams=zeros.beams.replace(done=np.ones((rows,), bool)),
+        sentence=np.full((rows,), -1, np.int32),
     )
+    return jax.device_put(empty)  # each leaf its own buffer: `stream` takes them over (donates)
 
 
 def _step(step_fn, slots: Slots, alpha: float, eos_id: int | None) -> Slots:
