@@ -151,3 +151,20 @@ def test_token_log_probs_is_numpys_log_softmax_at_the_tokens():
     expected = log_softmax[np.arange(6), tokens]
     found = np.asarray(token_log_probs(logits, tokens))
     np.testing.assert_allclose(found, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_top_k_in_chunks_is_lax_top_k_with_ties_and_infinities():
+    from tfm.search import top_k_in_chunks
+
+    rng = np.random.default_rng(2)
+    for n, k, chunk in [(1000, 8, 16), (4000, 8, 64), (4003, 6, 64), (300, 8, 64), (2048, 1, 8)]:
+        x = rng.integers(-6, 6, size=(9, n)).astype(np.float32)  # many ties
+        x[x == -6] = -np.inf
+        x[0] = -np.inf
+        x[1, :] = 0.0
+        x[1, -3:] = 1.0  # the maxima in the last (padded) chunk
+        for rows in (x, x.reshape(3, 3, n)):
+            expected = jax.lax.top_k(rows, k)
+            found = top_k_in_chunks(rows, k, chunk)
+            np.testing.assert_array_equal(np.asarray(found[0]), np.asarray(expected[0]))
+            np.testing.assert_array_equal(np.asarray(found[1]), np.asarray(expected[1]))
