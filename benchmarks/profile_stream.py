@@ -54,14 +54,8 @@ def main() -> None:
     durations, counts, wall = traced_ops(run)
     ops = hlo_ops(text)
     # one log-softmax of the logits per step, however many steps the loop body unrolls
-    steps = round(
-        sum(
-            counts[name]
-            for name in durations
-            if "log_softmax" in ops.get(name, ("", ""))[1]
-            and "reduce_max" in ops.get(name, ("", ""))[1]
-        )
-    )
+    logits_max = [n for n, (_, src) in ops.items() if "log_softmax" in src and "reduce_max" in src]
+    steps = round(sum(counts[name] for name in logits_max))
     top = []
     for name, ms in durations.most_common(args.top + 1):
         if name.startswith("np.asarray"):  # the host waiting for the device, not an op
