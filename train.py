@@ -52,13 +52,20 @@ flags.DEFINE_bool(
     "Move the workdir's previous run (checkpoints, metrics, results, model card) aside to "
     "WORKDIR/previous-N, then train from scratch.",
 )
+flags.DEFINE_string(
+    "compilation_cache_dir",
+    None,
+    "Persistent JAX compilation cache, shared with decode.py: a resumed run loads its compiled "
+    "steps, and decode.py on this machine loads the programs that the final translation "
+    "compiled (default: $TFM_COMPILATION_CACHE or ~/.cache/tfm/jax; '' = off).",
+)
 FLAGS = flags.FLAGS
 
 
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax logs every file operation at INFO
-    from tfm import trainer
+    from tfm import compilation_cache, trainer
     from tfm.checkpoint import CheckpointError
     from tfm.job import job_config_from
     from tfm.workdir import WorkdirError
@@ -66,6 +73,8 @@ def main(argv):
     workdir = FLAGS.workdir or str(
         ROOT / "workdirs" / pathlib.Path(flags.FLAGS["config"].config_filename).stem
     )
+    cache = FLAGS.compilation_cache_dir
+    compilation_cache.enable(compilation_cache.default_directory() if cache is None else cache)
     try:
         config = job_config_from(FLAGS.config)
         result = trainer.train_and_evaluate(

@@ -92,6 +92,39 @@ def _check_validation_bleu(tmp_path, workdir, records) -> None:
     assert abs(scored[400] - expected) < 1e-6
 
 
+def _check_decode_loads_the_jobs_programs(tmp_path, workdir, cache) -> None:
+    """decode.py on the test split, with the job's decoding settings and the compilation cache
+    train.py wrote: the job's test translations again, and no search program compiled anew."""
+    from tfm.data.prepare import prepare
+
+    data = prepare(
+        f"text:{tmp_path / 'corpus' / 'train.en'},{tmp_path / 'corpus' / 'train.de'}",
+        tmp_path / "data",
+        400,
+    )
+    (tmp_path / "test.en").write_text("\n".join(s for s, _ in data.texts("test")) + "\n")
+    searches = {p.name for p in cache.iterdir() if p.name.startswith("jit_stream-")}
+    assert searches  # the job's beam search over the test split, one program per length bucket
+    decoded = _run(
+        [
+            sys.executable,
+            str(ROOT / "decode.py"),
+            "--workdir",
+            str(workdir),
+            "--input",
+            str(tmp_path / "test.en"),
+            "--output",
+            str(tmp_path / "test.out"),
+            "--batch_tokens=2048",  # as the job's config.decode.batch_tokens
+            f"--compilation_cache_dir={cache}",
+        ]
+    )
+    assert decoded.returncode == 0, decoded.stderr[-3000:]
+    expected = (workdir / "test_translations.txt").read_text().splitlines()
+    assert (tmp_path / "test.out").read_text().splitlines() == expected
+    assert {p.name for p in cache.iterdir() if p.name.startswith("jit_stream-")} == searches
+
+
 def test_main_job_trains_checkpoints_translates_and_scores(tmp_path):
     workdir = tmp_path / "run"
     args = _args(
@@ -103,6 +136,7 @@ def test_main_job_trains_checkpoints_translates_and_scores(tmp_path):
             "--config.eval_every_steps=200",
             "--config.log_every_steps=50",
             "--config.eval_bleu_every_steps=200",
+            f"--compilation_cache_dir={tmp_path / 'train-cache'}",
         ],
     )
     first = _run(args)
@@ -123,6 +157,7 @@ def test_main_job_trains_checkpoints_translates_and_scores(tmp_path):
     again = _run(args)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "Training already complete: step 400" in again.stderr
+    _check_decode_loads_the_jobs_programs(tmp_path, workdir, tmp_path / "train-cache")
 
     # decode.py on the workdir, with a reference
     sources = (tmp_path / "corpus" / "train.en").read_text().splitlines()[:40]
