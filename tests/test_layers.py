@@ -10,8 +10,8 @@ from tfm.layers import (
     FeedForward,
     MultiHeadAttention,
     sinusoidal_encoding,
-    tied_logits,
 )
+from tfm.matmul import linear, tied_logits
 
 
 def test_sinusoidal_encoding_matches_section_3_5():
@@ -109,3 +109,20 @@ def test_tied_logits_gradients_are_the_chain_rule_in_numpy():
     np.testing.assert_allclose(grad_x, upstream @ table, rtol=1e-5, atol=1e-5)
     expected_table = upstream.reshape(-1, 40).T @ x.reshape(-1, 16)
     np.testing.assert_allclose(grad_table, expected_table, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_gradients_are_the_chain_rule_in_numpy():
+    """x W with W's gradient computed as (g^T x)^T: both gradients against g W^T and x^T g, in
+    float64 NumPy, with leading batch axes on x."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(3, 5, 16)).astype(np.float32)
+    w = rng.normal(size=(16, 24)).astype(np.float32)
+    upstream = rng.normal(size=(3, 5, 24)).astype(np.float32)
+    y, pullback = jax.vjp(linear, jnp.asarray(x), jnp.asarray(w))
+    grad_x, grad_w = pullback(jnp.asarray(upstream))
+    x64, w64, g64 = (a.astype(np.float64) for a in (x, w, upstream))
+    np.testing.assert_allclose(y, x64 @ w64, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(grad_x, g64 @ w64.T, rtol=1e-5, atol=1e-5)
+    expected_w = x64.reshape(-1, 16).T @ g64.reshape(-1, 24)
+    assert grad_w.shape == w.shape
+    np.testing.assert_allclose(grad_w, expected_w, rtol=1e-5, atol=1e-4)

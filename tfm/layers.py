@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from tfm import attention as attn
 from tfm.config import ModelConfig
+from tfm.matmul import linear, tied_logits
 
 Array = jax.Array
 
@@ -39,32 +40,11 @@ def sinusoidal_encoding(positions: Array, d_model: int) -> Array:
     return encoding.reshape(*positions.shape, d_model)
 
 
-@jax.custom_vjp
-def tied_logits(x: Array, table: Array) -> Array:
-    """Section 3.4's pre-softmax linear layer, x E^T with the embedding matrix E: `[..., d_model]`
-    x, `[vocab, d_model]` E -> float32 `[..., vocab]` logits (products in x's dtype, summed in
-    float32). Its gradient is autodiff's; only how E's gradient is computed differs (below)."""
-    return jnp.einsum("...d,vd->...v", x, table, preferred_element_type=jnp.float32)
-
-
-def _tied_logits_forward(x: Array, table: Array) -> tuple[Array, tuple[Array, Array]]:
-    return tied_logits(x, table), (x, table)
-
-
-def _tied_logits_backward(saved: tuple[Array, Array], grad: Array) -> tuple[Array, Array]:
-    """dx = g E and dE = g^T x, with dE computed as (x^T g)^T: XLA:CPU lowers g^T x by first
-    writing the `[tokens, vocab]` logit gradient transposed, a strided pass over the largest
-    array of the step (62 ms of a 0.96 s profiled SMALL training step); transposing the
-    `[d_model, vocab]` product instead moves tokens / d_model times less memory."""
-    x, table = saved
-    grad = grad.astype(x.dtype)
-    grad_x = jnp.einsum("...v,vd->...d", grad, table, preferred_element_type=jnp.float32)
-    x_rows, grad_rows = x.reshape(-1, x.shape[-1]), grad.reshape(-1, grad.shape[-1])
-    grad_table_t = jnp.einsum("td,tv->dv", x_rows, grad_rows, preferred_element_type=jnp.float32)
-    return grad_x.astype(x.dtype), grad_table_t.T.astype(table.dtype)
-
-
-tied_logits.defvjp(_tied_logits_forward, _tied_logits_backward)
+def _dense_linear(x: Array, w: Array, dimension_numbers, precision=None) -> Array:
+    """`linear` as `flax.linen.Dense`'s `dot_general`, which contracts x's last axis with W's
+    first (the only contraction Dense asks for)."""
+    del dimension_numbers, precision
+    return linear(x, w)
 
 
 class SharedEmbedding(nn.Module):
@@ -160,7 +140,7 @@ class MultiHeadAttention(nn.Module):
 
     def _project(self, x: Array, projection: HeadProjection) -> Array:
         """`[batch, length, d_model]` x times one W -> `[batch, length, heads, depth]`."""
-        y = jnp.dot(x.astype(self.dtype), projection.matrix().astype(self.dtype))
+        y = linear(x.astype(self.dtype), projection.matrix().astype(self.dtype))
         return y.reshape(*x.shape[:-1], projection.shape[1], projection.shape[2])
 
     def project_qkv(self, x: Array) -> tuple[Array, Array, Array]:
@@ -204,7 +184,7 @@ class MultiHeadAttention(nn.Module):
                 q, k, v, mask, implementation=self.implementation, kv_layout=kv_layout
             )
         merged = heads.reshape(*heads.shape[:-2], -1).astype(self.dtype)
-        return jnp.dot(merged, self.out.matrix().astype(self.dtype))
+        return linear(merged, self.out.matrix().astype(self.dtype))
 
     def __call__(
         self,
@@ -233,7 +213,10 @@ class FeedForward(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         dense = dict(
-            dtype=self.dtype, param_dtype=jnp.float32, kernel_init=nn.initializers.xavier_uniform()
+            dtype=self.dtype,
+            param_dtype=jnp.float32,
+            kernel_init=nn.initializers.xavier_uniform(),
+            dot_general=_dense_linear,
         )
         hidden = nn.relu(nn.Dense(self.d_ff, name="inner", **dense)(x))
         return nn.Dense(self.d_model, name="outer", **dense)(hidden)
