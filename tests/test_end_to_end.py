@@ -56,6 +56,19 @@ def _run(args, timeout=900, env=None):
     return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=env)
 
 
+def _decode(workdir, *args):
+    """decode.py on `workdir` with `args`, in a subprocess."""
+    return _run([sys.executable, str(ROOT / "decode.py"), "--workdir", str(workdir), *args])
+
+
+def _prepared(tmp_path):
+    """The end-to-end corpus as the job prepared it (its splits and vocabulary)."""
+    from tfm.data.prepare import prepare
+
+    corpus = tmp_path / "corpus"
+    return prepare(f"text:{corpus / 'train.en'},{corpus / 'train.de'}", tmp_path / "data", 400)
+
+
 def _digest(workdir) -> dict[int, str]:
     out = _run([sys.executable, "-m", "tfm.checkpoint", "info", str(workdir)], timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -69,7 +82,6 @@ def _check_validation_bleu(tmp_path, workdir, records) -> None:
     import sacrebleu
 
     from tfm import translate
-    from tfm.data.prepare import prepare
     from tfm.workdir import load
 
     scored = {
@@ -78,12 +90,7 @@ def _check_validation_bleu(tmp_path, workdir, records) -> None:
     assert sorted(scored) == [200, 400]
     assert scored[400] > scored[200]
     loaded = load(workdir, step=400, average=1)
-    data = prepare(
-        f"text:{tmp_path / 'corpus' / 'train.en'},{tmp_path / 'corpus' / 'train.de'}",
-        tmp_path / "data",
-        400,
-    )
-    pairs = data.texts("validation")
+    pairs = _prepared(tmp_path).texts("validation")
     greedy = translate.TranslateConfig(beam_size=1, max_source_len=96)
     hypotheses = translate.translate(
         loaded.model, loaded.params, loaded.tokenizer, [s for s, _ in pairs], greedy
@@ -95,29 +102,18 @@ def _check_validation_bleu(tmp_path, workdir, records) -> None:
 def _check_decode_loads_the_jobs_programs(tmp_path, workdir, cache) -> None:
     """decode.py on the test split, with the job's decoding settings and the compilation cache
     train.py wrote: the job's test translations again, and no search program compiled anew."""
-    from tfm.data.prepare import prepare
-
-    data = prepare(
-        f"text:{tmp_path / 'corpus' / 'train.en'},{tmp_path / 'corpus' / 'train.de'}",
-        tmp_path / "data",
-        400,
-    )
-    (tmp_path / "test.en").write_text("\n".join(s for s, _ in data.texts("test")) + "\n")
+    test_sources = [s for s, _ in _prepared(tmp_path).texts("test")]
+    (tmp_path / "test.en").write_text("\n".join(test_sources) + "\n")
     searches = {p.name for p in cache.iterdir() if p.name.startswith("jit_stream-")}
     assert searches  # the job's beam search over the test split, one program per length bucket
-    decoded = _run(
-        [
-            sys.executable,
-            str(ROOT / "decode.py"),
-            "--workdir",
-            str(workdir),
-            "--input",
-            str(tmp_path / "test.en"),
-            "--output",
-            str(tmp_path / "test.out"),
-            "--batch_tokens=2048",  # as the job's config.decode.batch_tokens
-            f"--compilation_cache_dir={cache}",
-        ]
+    decoded = _decode(
+        workdir,
+        "--input",
+        str(tmp_path / "test.en"),
+        "--output",
+        str(tmp_path / "test.out"),
+        "--batch_tokens=2048",  # as the job's config.decode.batch_tokens
+        f"--compilation_cache_dir={cache}",
     )
     assert decoded.returncode == 0, decoded.stderr[-3000:]
     expected = (workdir / "test_translations.txt").read_text().splitlines()
@@ -164,20 +160,15 @@ def test_main_job_trains_checkpoints_translates_and_scores(tmp_path):
     references = (tmp_path / "corpus" / "train.de").read_text().splitlines()[:40]
     (tmp_path / "in.txt").write_text("\n".join(sources[:20] + [""] + sources[20:]) + "\n")
     (tmp_path / "ref.txt").write_text("\n".join(references[:20] + [""] + references[20:]) + "\n")
-    decoded = _run(
-        [
-            sys.executable,
-            str(ROOT / "decode.py"),
-            "--workdir",
-            str(workdir),
-            "--input",
-            str(tmp_path / "in.txt"),
-            "--reference",
-            str(tmp_path / "ref.txt"),
-            "--output",
-            str(tmp_path / "out.txt"),
-            f"--compilation_cache_dir={tmp_path / 'jax-cache'}",
-        ]
+    decoded = _decode(
+        workdir,
+        "--input",
+        str(tmp_path / "in.txt"),
+        "--reference",
+        str(tmp_path / "ref.txt"),
+        "--output",
+        str(tmp_path / "out.txt"),
+        f"--compilation_cache_dir={tmp_path / 'jax-cache'}",
     )
     assert decoded.returncode == 0, decoded.stderr[-3000:]
     lines = (tmp_path / "out.txt").read_text().splitlines()
@@ -191,20 +182,10 @@ def test_main_job_trains_checkpoints_translates_and_scores(tmp_path):
     assert again.returncode == 0 and (tmp_path / "out.txt").read_text().splitlines() == lines
     assert sorted(p.name for p in (tmp_path / "jax-cache").iterdir()) == cached
     picture = tmp_path / "attention.png"
-    plotted = _run(
-        [
-            sys.executable,
-            str(ROOT / "decode.py"),
-            "--workdir",
-            str(workdir),
-            "--plot_attention",
-            str(picture),
-            sources[0],
-        ]
-    )
+    plotted = _decode(workdir, "--plot_attention", str(picture), sources[0])
     assert plotted.returncode == 0, plotted.stderr[-3000:]
     assert picture.stat().st_size > 20_000
-    missing = _run([sys.executable, str(ROOT / "decode.py"), "--workdir", str(tmp_path)])
+    missing = _decode(tmp_path)
     assert missing.returncode == 2 and "model.json" in missing.stderr
 
 
