@@ -41,9 +41,11 @@ def sinusoidal_encoding(positions: Array, d_model: int) -> Array:
 
 
 def _dense_linear(x: Array, w: Array, dimension_numbers, precision=None) -> Array:
-    """`linear` as `flax.linen.Dense`'s `dot_general`, which contracts x's last axis with W's
-    first (the only contraction Dense asks for)."""
-    del dimension_numbers, precision
+    """`linear` as `flax.linen.Dense`'s `dot_general`: Dense contracts x's last axis with W's
+    first at the default precision, which is what `linear` computes."""
+    contracting, batch = dimension_numbers
+    if tuple(map(tuple, contracting)) != ((x.ndim - 1,), (0,)) or any(batch) or precision:
+        raise ValueError(f"_dense_linear computes x W only, not {dimension_numbers}, {precision}")
     return linear(x, w)
 
 
