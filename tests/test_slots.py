@@ -65,3 +65,44 @@ def test_one_program_however_many_blocks(setup):
     slots.search_stream(model, params, sources, settings, progress=left.append)  # 6 blocks
     assert slots.stream._cache_size() - before == 1
     assert len(left) == 6 and sum(left) == len(sources)  # reported block by block
+
+
+def test_a_second_search_of_a_bucket_traces_nothing(setup, monkeypatch):
+    """The empty slots' shapes come from tracing the encoder and cache set-up; a warm
+    translation of a file re-traced them per length bucket (~0.09 s each, the device idle).
+    Now once per bucket and parameter shapes; other rows, or other parameter dtypes, trace
+    again, and the slots are those of a fresh trace."""
+    model, params, sources, _, eos_ids = setup
+    traced = []
+    original = slots.encode_and_init_cache
+
+    def counting(*args):
+        traced.append(args[2].shape)  # src
+        return original(*args)
+
+    monkeypatch.setattr(slots, "encode_and_init_cache", counting)
+    slots._slot_shapes.cache_clear()
+    settings = slots.StreamSettings(
+        rows=3, src_len=SRC_LEN, max_steps=POSITIONS, block=8, beam_size=4, eos_id=eos_ids[0]
+    )
+    first = slots.search_stream(model, params, sources, settings)
+    after_first = list(traced)  # the slots' shapes, and jit tracing `stream` for the block
+    second = slots.search_stream(model, params, sources, settings)
+    assert traced == after_first and after_first.count((3, SRC_LEN)) == 1
+    assert sorted(first[0]) == sorted(second[0]) and first[1] == second[1]
+    for i, ids in first[0].items():
+        np.testing.assert_array_equal(ids, second[0][i])
+    slots.empty_slots(model, params, 5, SRC_LEN, 4, POSITIONS)
+    halves = jax.tree.map(lambda p: p.astype(np.float16), params)
+    empty = slots.empty_slots(model, halves, 5, SRC_LEN, 4, POSITIONS)
+    assert traced == [*after_first, (5, SRC_LEN), (5, SRC_LEN)]
+    fresh_cache = jax.eval_shape(
+        lambda p: decoding.encode_and_init_cache(
+            model, p, np.zeros((5, SRC_LEN), np.int32), 4, POSITIONS
+        ),
+        halves,
+    )
+    for mine, fresh in zip(
+        jax.tree.leaves(empty.beams.cache), jax.tree.leaves(fresh_cache), strict=True
+    ):
+        assert (mine.shape, mine.dtype) == (fresh.shape, fresh.dtype)

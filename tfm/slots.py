@@ -72,6 +72,27 @@ def empty_slots(
     `_admit` sets every other field of a slot it fills, so they start as zeros. Built on the
     host from the traced shapes: built as JAX ops, a first run compiled them once per length
     bucket (~0.2 s each)."""
+    leaves, treedef = jax.tree.flatten(params)
+    params_signature = (treedef, tuple((leaf.shape, jnp.dtype(leaf.dtype)) for leaf in leaves))
+    shapes = _slot_shapes(model, params_signature, rows, src_len, beam_size, max_steps)
+    zeros = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), shapes)
+    empty = zeros.replace(
+        beams=zeros.beams.replace(done=np.ones((rows,), bool)),
+        sentence=np.full((rows,), -1, np.int32),
+    )
+    return jax.device_put(empty)  # each leaf its own buffer: `stream` takes them over (donates)
+
+
+@functools.lru_cache(maxsize=64)
+def _slot_shapes(
+    model: Transformer, params_signature, rows: int, src_len: int, beam_size: int, max_steps: int
+) -> Slots:
+    """The shapes and dtypes of `rows` slots (`jax.ShapeDtypeStruct` leaves), traced once per
+    bucket and parameter shapes: traced per `search_stream` call, the encoder and cache set-up
+    cost ~0.09 s of host time per length bucket and run, the device idle meanwhile (0.43 s of a
+    6.4 s warm translation of the main job's test split)."""
+    treedef, leaf_shapes = params_signature
+    params = jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(*shape) for shape in leaf_shapes])
     src = jax.ShapeDtypeStruct((rows, src_len), jnp.int32)
 
     def slots_shape(params, src):
@@ -84,14 +105,7 @@ def empty_slots(
             sentence=jnp.zeros((rows,), jnp.int32),
         )
 
-    zeros = jax.tree.map(
-        lambda x: np.zeros(x.shape, x.dtype), jax.eval_shape(slots_shape, params, src)
-    )
-    empty = zeros.replace(
-        beams=zeros.beams.replace(done=np.ones((rows,), bool)),
-        sentence=np.full((rows,), -1, np.int32),
-    )
-    return jax.device_put(empty)  # each leaf its own buffer: `stream` takes them over (donates)
+    return jax.eval_shape(slots_shape, params, src)
 
 
 def _step(step_fn, slots: Slots, alpha: float, eos_id: int | None) -> Slots:
