@@ -1,10 +1,15 @@
+from functools import partial
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from tests import reference
 from tfm import attention as attn
 from tfm.config import ModelConfig
+from tfm.dropout import Dropout, threefry2x32
 from tfm.layers import (
     EncoderLayer,
     FeedForward,
@@ -126,3 +131,43 @@ def test_linear_gradients_are_the_chain_rule_in_numpy():
     expected_w = x64.reshape(-1, 16).T @ g64.reshape(-1, 24)
     assert grad_w.shape == w.shape
     np.testing.assert_allclose(grad_w, expected_w, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "shape, dtype, impl",
+    [
+        ((2, 7, 16), jnp.float32, "threefry2x32"),
+        ((3, 5, 4, 9), jnp.bfloat16, "threefry2x32"),  # odd size, attention-weights rank
+        ((4, 6), jnp.float32, "rbg"),  # another generator: jax.random.bernoulli itself
+    ],
+)
+def test_dropout_masks_are_flax_dropouts(shape, dtype, impl):
+    """tfm's Dropout draws with an unrolled Threefry; its outputs must be those of
+    `nn.Dropout` under the same "dropout" RNG and module path, bit for bit."""
+
+    class Outer(nn.Module):
+        dropout_cls: type
+
+        @nn.compact
+        def __call__(self, x):
+            return self.dropout_cls(0.3, name="drop")(x, deterministic=False)
+
+    x = jax.random.normal(jax.random.key(1), shape).astype(dtype) + 2.0
+    rngs = {"dropout": jax.random.key(7, impl=impl)}
+    mine = jax.jit(lambda x: Outer(Dropout).apply({}, x, rngs=rngs))(x)
+    flax_dropout = partial(nn.Dropout, deterministic=None)
+    theirs = jax.jit(lambda x: Outer(flax_dropout).apply({}, x, rngs=rngs))(x)
+    assert mine.dtype == theirs.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(mine, np.float32), np.asarray(theirs, np.float32))
+    kept = float(np.mean(np.asarray(mine, np.float32) != 0))
+    assert 0.45 < kept < 0.9  # a mask, not all or nothing
+
+
+def test_threefry_bits_are_jax_random_bits():
+    """The unrolled hash against JAX's own Threefry (its loop on CPU), over a million draws."""
+    key = jax.random.key(123)
+    shape = (1000, 1001)
+    words = jax.random.key_data(key)
+    index = jnp.arange(np.prod(shape), dtype=jnp.uint32).reshape(shape)
+    high, low = jax.jit(threefry2x32)((words[0], words[1]), jnp.zeros_like(index), index)
+    np.testing.assert_array_equal(np.asarray(high ^ low), jax.random.bits(key, shape, jnp.uint32))

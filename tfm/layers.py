@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from tfm import attention as attn
 from tfm.config import ModelConfig
+from tfm.dropout import Dropout
 from tfm.matmul import linear, tied_logits
 
 Array = jax.Array
@@ -179,7 +180,7 @@ class MultiHeadAttention(nn.Module):
             # Visible to callers that ask for mutable=["intermediates"] (attention plots).
             self.sow("intermediates", "attention_weights", weights)
             if use_dropout:
-                weights = nn.Dropout(self.attention_dropout_rate)(weights, deterministic=False)
+                weights = Dropout(self.attention_dropout_rate)(weights, deterministic=False)
             heads = attn.weighted_values(weights, v, kv_layout=kv_layout)
         else:
             heads = attn.scaled_dot_product_attention(
@@ -243,7 +244,7 @@ class ResidualSublayer(nn.Module):
             param_dtype=jnp.float32,
             name="norm",
         )
-        dropout = nn.Dropout(self.config.dropout_rate)
+        dropout = Dropout(self.config.dropout_rate)
         if self.config.norm == "pre":
             return x + dropout(sublayer(norm(x)), deterministic=deterministic)
         return norm(x + dropout(sublayer(x), deterministic=deterministic))

@@ -15,6 +15,7 @@ from flax import struct
 
 from tfm import attention as attn
 from tfm.config import ModelConfig
+from tfm.dropout import Dropout
 from tfm.layers import (
     DecoderLayer,
     EncoderLayer,
@@ -102,7 +103,7 @@ class Transformer(nn.Module):
             decoder_cls = nn.remat(DecoderLayer, static_argnums=(5,))
         self.encoder_layers = [encoder_cls(c, name=f"encoder_{i}") for i in range(c.num_layers)]
         self.decoder_layers = [decoder_cls(c, name=f"decoder_{i}") for i in range(c.num_layers)]
-        self.embedding_dropout = nn.Dropout(c.dropout_rate)
+        self.embedding_dropout = Dropout(c.dropout_rate)
         if c.norm == "pre":
             norm = dict(
                 epsilon=c.layer_norm_epsilon, dtype=compute_dtype(c), param_dtype=jnp.float32
