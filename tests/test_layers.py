@@ -102,14 +102,20 @@ def test_dropout_only_when_not_deterministic():
     np.testing.assert_array_equal(b, c)
 
 
+def _vjp_at_random_inputs(product, shapes, seed):
+    """`product`'s value and both gradients at random float32 inputs: `shapes` gives the two
+    operands' and the upstream gradient's, drawn in that order. Returns (inputs, results)."""
+    rng = np.random.default_rng(seed)
+    a, b, upstream = (rng.normal(size=shape).astype(np.float32) for shape in shapes)
+    value, pullback = jax.vjp(product, jnp.asarray(a), jnp.asarray(b))
+    return (a, b, upstream), (value, *pullback(jnp.asarray(upstream)))
+
+
 def test_tied_logits_gradients_are_the_chain_rule_in_numpy():
     """x E^T with E's gradient computed as (x^T g)^T: both gradients against g E and g^T x."""
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(3, 5, 16)).astype(np.float32)
-    table = rng.normal(size=(40, 16)).astype(np.float32)
-    upstream = rng.normal(size=(3, 5, 40)).astype(np.float32)
-    logits, pullback = jax.vjp(tied_logits, jnp.asarray(x), jnp.asarray(table))
-    grad_x, grad_table = pullback(jnp.asarray(upstream))
+    (x, table, upstream), (logits, grad_x, grad_table) = _vjp_at_random_inputs(
+        tied_logits, [(3, 5, 16), (40, 16), (3, 5, 40)], seed=0
+    )
     np.testing.assert_allclose(logits, x @ table.T, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(grad_x, upstream @ table, rtol=1e-5, atol=1e-5)
     expected_table = upstream.reshape(-1, 40).T @ x.reshape(-1, 16)
@@ -119,12 +125,9 @@ def test_tied_logits_gradients_are_the_chain_rule_in_numpy():
 def test_linear_gradients_are_the_chain_rule_in_numpy():
     """x W with W's gradient computed as (g^T x)^T: both gradients against g W^T and x^T g, in
     float64 NumPy, with leading batch axes on x."""
-    rng = np.random.default_rng(1)
-    x = rng.normal(size=(3, 5, 16)).astype(np.float32)
-    w = rng.normal(size=(16, 24)).astype(np.float32)
-    upstream = rng.normal(size=(3, 5, 24)).astype(np.float32)
-    y, pullback = jax.vjp(linear, jnp.asarray(x), jnp.asarray(w))
-    grad_x, grad_w = pullback(jnp.asarray(upstream))
+    (x, w, upstream), (y, grad_x, grad_w) = _vjp_at_random_inputs(
+        linear, [(3, 5, 16), (16, 24), (3, 5, 24)], seed=1
+    )
     x64, w64, g64 = (a.astype(np.float64) for a in (x, w, upstream))
     np.testing.assert_allclose(y, x64 @ w64, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(grad_x, g64 @ w64.T, rtol=1e-5, atol=1e-5)
