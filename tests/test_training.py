@@ -65,6 +65,40 @@ def test_label_smoothed_loss_matches_numpy(eps):
     assert float(got["tokens"]) == count
 
 
+def _numpy_loss_gradients(logits, targets, eps):
+    """d loss / dz = (softmax(z) - q) and d nll / dz = (softmax(z) - onehot) per non-pad token."""
+    logits = np.asarray(logits, np.float64)
+    softmax = np.exp(logits - logits.max(-1, keepdims=True))
+    softmax /= softmax.sum(-1, keepdims=True)
+    onehot = np.eye(logits.shape[-1])[targets]
+    weights = (targets != 0)[..., None]
+    smoothed = (1 - eps) * onehot + eps / logits.shape[-1]
+    return (softmax - smoothed) * weights, (softmax - onehot) * weights
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_label_smoothed_loss_gradients_match_numpy(eps):
+    """The written-out gradient (one pass over the logits) against softmax - q."""
+    rng = np.random.default_rng(1)
+    logits = jnp.asarray(rng.normal(size=(2, 6, 13)).astype(np.float32) * 3)
+    targets = rng.integers(1, 13, (2, 6))
+    targets[1, 4:] = 0
+    targets = jnp.asarray(targets)
+
+    def term(name, z):
+        return training.label_smoothed_cross_entropy(z, targets, eps)[name]
+
+    loss_grad, nll_grad = _numpy_loss_gradients(logits, np.asarray(targets), eps)
+    np.testing.assert_allclose(jax.grad(lambda z: term("loss", z))(logits), loss_grad, atol=1e-6)
+    np.testing.assert_allclose(jax.grad(lambda z: term("nll", z))(logits), nll_grad, atol=1e-6)
+    # both outputs' cotangents at once, and through a bfloat16 -> float32 cast
+    both = jax.grad(lambda z: 2 * term("loss", z) - 3 * term("nll", z))(logits)
+    np.testing.assert_allclose(both, 2 * loss_grad - 3 * nll_grad, atol=5e-6)
+    half = jax.grad(lambda z: term("loss", z))(logits.astype(jnp.bfloat16))
+    assert half.dtype == jnp.bfloat16
+    np.testing.assert_allclose(half.astype(np.float32), loss_grad, atol=2e-2)
+
+
 def _copy_task_batch(rng, rows=16, length=7, vocab=16):
     body = rng.integers(4, vocab, (rows, length - 1))
     src = np.concatenate([body, np.full((rows, 1), EOS_ID)], 1)

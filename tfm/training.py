@@ -89,22 +89,62 @@ def label_smoothed_cross_entropy(
     """Sums over non-pad target tokens (section 5.4, label smoothing eps_ls).
 
     The smoothed target q puts 1 - eps on the reference token and eps / vocab on every token, so
-    -sum_v q_v log p_v = logsumexp(z) - (1 - eps) z_target - eps mean_v(z) for logits z. Written
-    that way (no `[..., vocab]` log-probabilities, the target picked by a one-hot compare rather
-    than a gather), the gradient softmax(z) - q is one elementwise pass over the logits instead
-    of a scatter plus transposed copies.
+    -sum_v q_v log p_v = logsumexp(z) - (1 - eps) z_target - eps mean_v(z) for logits z
+    (`_token_losses`).
 
     Returns loss (smoothed cross-entropy), nll (plain negative log-likelihood) and tokens (count
     of non-pad targets), each summed, float32.
     """
-    logits = logits.astype(jnp.float32)
-    log_normalizer = jax.nn.logsumexp(logits, axis=-1)
-    is_target = jnp.arange(logits.shape[-1]) == targets[..., None]
-    target_logit = jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1)
+    loss, nll = _token_losses(logits.astype(jnp.float32), targets, smoothing)
     weights = (targets != PAD_ID).astype(jnp.float32)
+    return dict(loss=jnp.sum(loss * weights), nll=jnp.sum(nll * weights), tokens=jnp.sum(weights))
+
+
+def _log_partition(logits: Array) -> tuple[Array, Array, Array]:
+    """exp(z - m) `[..., vocab]`, its sum `[...]` and log sum_v exp(z_v) `[...]` of logits z, m =
+    max_v z_v; the ops of `jax.nn.logsumexp` (so the same values)."""
+    max_logit = jnp.max(logits, axis=-1, keepdims=True)
+    max_logit = jnp.where(jnp.isfinite(max_logit), max_logit, 0.0)
+    shifted_exp = jnp.exp(logits - max_logit)
+    partition = jnp.sum(shifted_exp, axis=-1)
+    return shifted_exp, partition, jnp.log(partition) + max_logit[..., 0]
+
+
+def _token_losses_forward(logits: Array, targets: Array, smoothing: float):
+    shifted_exp, partition, log_normalizer = _log_partition(logits)
+    # the target read by a gather: a one-hot compare here would write a whole [..., vocab]
+    # select for XLA:CPU's library reduction to read
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     nll = log_normalizer - target_logit
     loss = nll + smoothing * (target_logit - jnp.mean(logits, axis=-1))
-    return dict(loss=jnp.sum(loss * weights), nll=jnp.sum(nll * weights), tokens=jnp.sum(weights))
+    return (loss, nll), (shifted_exp, partition, targets, smoothing)
+
+
+@jax.custom_vjp
+def _token_losses(logits: Array, targets: Array, smoothing: float) -> tuple[Array, Array]:
+    """Per-token smoothed cross-entropy and nll `[...]` of float32 logits `[..., vocab]`.
+
+    The gradient is written out (`_token_losses_backward`): autodiff of the forward's gather
+    would scatter into a `[..., vocab]` zero array.
+    """
+    return _token_losses_forward(logits, targets, smoothing)[0]
+
+
+def _token_losses_backward(residuals, cotangents):
+    """d loss / dz = softmax(z) - q and d nll / dz = softmax(z) - onehot(target): one
+    elementwise pass over the logits, the target by a one-hot compare."""
+    shifted_exp, partition, targets, smoothing = residuals
+    loss_cotangent, nll_cotangent = cotangents
+    vocab = shifted_exp.shape[-1]
+    softmax_weight = ((loss_cotangent + nll_cotangent) / partition)[..., None]
+    target_weight = (loss_cotangent * (1.0 - smoothing) + nll_cotangent)[..., None]
+    uniform = (loss_cotangent * (smoothing / vocab))[..., None]
+    is_target = jnp.arange(vocab) == targets[..., None]
+    logits_cotangent = shifted_exp * softmax_weight - jnp.where(is_target, target_weight, 0.0)
+    return logits_cotangent - uniform, None, None  # targets and smoothing: not differentiated
+
+
+_token_losses.defvjp(_token_losses_forward, _token_losses_backward)
 
 
 @struct.dataclass
