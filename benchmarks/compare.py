@@ -102,6 +102,35 @@ def _worker(kind: str) -> None:
     def reply(**fields) -> None:
         reply_stream.write(json.dumps(fields) + "\n")
 
+    def set_up(request: dict) -> dict:
+        # a function, so that no local name keeps an instance alive after its "drop": the
+        # next set-up's peak memory must not include the previous workload's instance
+        _, module_name, options = SYSTEMS[request["system"]]
+        module = importlib.import_module(module_name)
+        w = WORKLOADS[request["workload"]]
+        _reset_peak_memory()
+        start = time.perf_counter()
+        factory = module.Trainer if w.kind == "train" else module.Decoder
+        instance = factory(w, request["weights"], **options)
+        instance.run()  # compile / warm up, untimed
+        instances[request["key"]] = instance
+        return dict(
+            setup_seconds=time.perf_counter() - start,
+            initial_loss=getattr(instance, "initial_loss", None),
+            peak_rss_mb=_peak_rss_mb(),
+        )
+
+    def timed_runs(request: dict) -> dict:
+        instance = instances[request["key"]]
+        seconds, output = [], None
+        for _ in range(request["untimed"]):
+            instance.run()
+        for _ in range(request["times"]):
+            start = time.perf_counter()
+            output = instance.run()
+            seconds.append(time.perf_counter() - start)
+        return dict(seconds=seconds, output=None if output is None else output.tolist())
+
     versions = {}
     for package in LIBRARY_VERSIONS[kind]:
         try:
@@ -130,31 +159,9 @@ def _worker(kind: str) -> None:
                 module.export_weights(WORKLOADS[request["workload"]], request["path"])
                 reply(ok=True)
             elif op == "setup":
-                _, module_name, options = SYSTEMS[request["system"]]
-                module = importlib.import_module(module_name)
-                w = WORKLOADS[request["workload"]]
-                _reset_peak_memory()
-                start = time.perf_counter()
-                factory = module.Trainer if w.kind == "train" else module.Decoder
-                instance = factory(w, request["weights"], **options)
-                instance.run()  # compile / warm up, untimed
-                instances[request["key"]] = instance
-                reply(
-                    ok=True,
-                    setup_seconds=time.perf_counter() - start,
-                    initial_loss=getattr(instance, "initial_loss", None),
-                    peak_rss_mb=_peak_rss_mb(),
-                )
+                reply(ok=True, **set_up(request))
             elif op == "run":
-                instance = instances[request["key"]]
-                seconds, output = [], None
-                for _ in range(request["untimed"]):
-                    instance.run()
-                for _ in range(request["times"]):
-                    start = time.perf_counter()
-                    output = instance.run()
-                    seconds.append(time.perf_counter() - start)
-                reply(ok=True, seconds=seconds, output=None if output is None else output.tolist())
+                reply(ok=True, **timed_runs(request))
             elif op == "drop":
                 instances.pop(request["key"], None)
                 import gc
