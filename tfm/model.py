@@ -130,7 +130,7 @@ class Transformer(nn.Module):
     ) -> Array:
         """Encoder stack: `[batch, src_len]` ids -> `[batch, src_len, d_model]` final output."""
         if src_positions is None:
-            src_positions = position_ids(src.shape[1], src.shape[0])
+            src_positions = position_ids(src.shape[1])
         if src_segments is None:
             mask = attn.key_padding_mask(src != PAD_ID)
         else:
@@ -164,7 +164,7 @@ class Transformer(nn.Module):
             )
         length = tgt_in.shape[1]
         if tgt_positions is None:
-            tgt_positions = position_ids(length, tgt_in.shape[0])
+            tgt_positions = position_ids(length)
         causal = attn.causal_mask(length)
         if tgt_segments is None:
             # Target padding is trailing, so the causal mask alone keeps real positions from
