@@ -401,6 +401,6 @@ class DecoderLayer(nn.Module):
 def position_ids(length: int) -> Array:
     """Default positions 0..length-1, `[1, length]` int32: one row that every row of a batch
     broadcasts against, so the position encodings are computed once per position, not once per
-    token (the sines and cosines of a `[batch, length, d_model / 2]` grid cost as much as a
-    third of the SMALL step's output layer)."""
+    token (the sines and cosines of a `[batch, length, d_model / 2]` grid took 4.7 ms of a
+    390 ms SMALL training step, benchmarks/README.md round eleven)."""
     return jnp.arange(length, dtype=jnp.int32)[None]
