@@ -18,6 +18,8 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
+from tfm.lean_ops import masked_softmax
+
 Array = jax.Array
 Implementation = Literal["reference", "xla", "cudnn"]
 KVLayout = Literal["length_first", "heads_first"]
@@ -90,11 +92,8 @@ def attention_weights(
     logits = logits.astype(jnp.float32) / math.sqrt(d_k)
     if mask is None:
         return jax.nn.softmax(logits, axis=-1)
-    mask = jnp.broadcast_to(mask, logits.shape)
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(logits, axis=-1)
-    # A fully masked row would otherwise spread its weight uniformly over forbidden keys.
-    return jnp.where(mask, weights, 0.0)
+    # a fully masked row gets zeros, not a uniform spread over forbidden keys
+    return masked_softmax(logits, mask)
 
 
 def weighted_values(weights: Array, v: Array, *, kv_layout: KVLayout = "length_first") -> Array:

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from tfm import attention as attn
 from tfm.config import ModelConfig
 from tfm.dropout import Dropout
+from tfm.lean_ops import LayerNorm
 from tfm.matmul import linear, tied_logits
 
 Array = jax.Array
@@ -238,7 +239,7 @@ class ResidualSublayer(nn.Module):
     def __call__(
         self, x: Array, sublayer: Callable[[Array], Array], deterministic: bool = True
     ) -> Array:
-        norm = nn.LayerNorm(
+        norm = LayerNorm(
             epsilon=self.config.layer_norm_epsilon,
             dtype=compute_dtype(self.config),
             param_dtype=jnp.float32,

@@ -25,6 +25,7 @@ from tfm.layers import (
     position_ids,
     sinusoidal_encoding,
 )
+from tfm.lean_ops import LayerNorm
 from tfm.tokens import PAD_ID
 
 Array = jax.Array
@@ -108,8 +109,8 @@ class Transformer(nn.Module):
             norm = dict(
                 epsilon=c.layer_norm_epsilon, dtype=compute_dtype(c), param_dtype=jnp.float32
             )
-            self.encoder_norm = nn.LayerNorm(**norm)
-            self.decoder_norm = nn.LayerNorm(**norm)
+            self.encoder_norm = LayerNorm(**norm)
+            self.decoder_norm = LayerNorm(**norm)
 
     def _embed(self, ids: Array, positions: Array, side: str, deterministic: bool) -> Array:
         """Dropout(Embedding(ids) * sqrt(d_model) + PE(positions)) (sections 3.4, 3.5, 5.4)."""
