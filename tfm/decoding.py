@@ -12,12 +12,12 @@ length + `extra_length` (50) tokens, EOS included.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
 import jax.numpy as jnp
 
+from tfm.backend_jit import DECODING_CPU_OPTIONS, cpu_tuned_jit
 from tfm.model import DecodeCache, Transformer
 from tfm.search import (
     PAPER_ALPHA,
@@ -112,8 +112,8 @@ def _transformer_one_token_per_step(
     )
 
 
-@functools.partial(
-    jax.jit, static_argnames=("model", "eos_id", "extra_length", "chunk", "max_steps")
+@cpu_tuned_jit(
+    DECODING_CPU_OPTIONS, static_argnames=("model", "eos_id", "extra_length", "chunk", "max_steps")
 )
 def greedy_search(
     model: Transformer,
@@ -147,8 +147,8 @@ def greedy_search(
     )
 
 
-@functools.partial(
-    jax.jit,
+@cpu_tuned_jit(
+    DECODING_CPU_OPTIONS,
     static_argnames=(
         "model",
         "temperature",
@@ -187,8 +187,8 @@ def sample(
     )
 
 
-@functools.partial(
-    jax.jit,
+@cpu_tuned_jit(
+    DECODING_CPU_OPTIONS,
     static_argnames=(
         "model",
         "beam_size",
@@ -234,7 +234,7 @@ def beam_search(
     )
 
 
-@functools.partial(jax.jit, static_argnames=("model", "eos_id", "extra_length"))
+@cpu_tuned_jit(DECODING_CPU_OPTIONS, static_argnames=("model", "eos_id", "extra_length"))
 def greedy_search_uncached(
     model: Transformer,
     params,

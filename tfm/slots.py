@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from tfm.backend_jit import DECODING_CPU_OPTIONS, cpu_tuned_jit
 from tfm.decoding import encode_and_init_cache, max_output_lengths, transformer_step_fn
 from tfm.model import Transformer
 from tfm.search import PAPER_ALPHA, PAPER_EXTRA_LENGTH, BeamState, beam_search_step
@@ -217,8 +218,10 @@ def _admit(slots: Slots, waiting: Waiting, next_waiting: Array) -> tuple[Slots, 
 _STEPS_PER_ITERATION = 2
 
 
-@functools.partial(
-    jax.jit, static_argnames=("model", "alpha", "eos_id", "extra_length"), donate_argnums=2
+@cpu_tuned_jit(
+    DECODING_CPU_OPTIONS,
+    static_argnames=("model", "alpha", "eos_id", "extra_length"),
+    donate_argnums=2,
 )
 def stream(
     model: Transformer,
