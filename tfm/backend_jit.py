@@ -4,8 +4,8 @@ XLA:CPU generates the code of every fusion that is not a library call (YNNPACK, 
 LLVM, at `xla_backend_optimization_level` 3 by default. The decoding programs run many small
 such fusions per step (the beam reorder's gathers, top-k over chunks, the search's bookkeeping);
 at level 2 they ran faster and compiled sooner, with the same outputs: the main job's test split
-1.08x warm, beam 4 SMALL 1.04-1.05x, greedy unchanged; the beam 4 SMALL program compiled in 1.40
-against 1.57 s (benchmarks/README.md, round thirteen). GPU and TPU compile through their own
+1.04-1.08x warm, beam 4 SMALL 1.04-1.05x, greedy unchanged; the beam 4 SMALL program compiled
+in 1.40 against 1.57 s (benchmarks/README.md, round thirteen). GPU and TPU compile through their own
 pipelines, where nothing was measured, so they keep XLA's defaults.
 """
 
