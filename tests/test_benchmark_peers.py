@@ -24,7 +24,8 @@ from peers import ct2_system, hf_system, tfm_system, torch_system  # noqa: E402
 from peers import weights as neutral  # noqa: E402
 from peers.workloads import Shape, Workload, decoding_source, training_batch  # noqa: E402
 
-from tfm import Transformer, training  # noqa: E402
+from tfm import Transformer  # noqa: E402
+from tfm import loss as tfm_loss  # noqa: E402
 
 TINY = Shape(vocab_size=64, num_layers=2, d_model=16, d_ff=32, num_heads=2)
 TRAIN = Workload("train_tiny", "train", TINY, batch=3, src_len=7, tgt_len=6)
@@ -69,7 +70,7 @@ def test_peer_loss_is_tfm_label_smoothed_loss():
     logits = rng.normal(size=(3, 5, 11)).astype(np.float32)
     targets = rng.integers(1, 11, (3, 5)).astype(np.int32)
     targets[0, 3:] = 0
-    terms = training.label_smoothed_cross_entropy(jnp.asarray(logits), targets, 0.1)
+    terms = tfm_loss.label_smoothed_cross_entropy(jnp.asarray(logits), targets, 0.1)
     ours = float(terms["loss"] / terms["tokens"])
     theirs = float(torch_system.smoothed_loss(torch.from_numpy(logits), torch.from_numpy(targets)))
     assert theirs == pytest.approx(ours, rel=1e-5)

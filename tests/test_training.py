@@ -8,6 +8,7 @@ import pytest
 
 from tests.conftest import tiny_model_config
 from tfm import Transformer, training
+from tfm import loss as tfm_loss
 from tfm.tokens import BOS_ID, EOS_ID
 
 
@@ -58,7 +59,7 @@ def test_label_smoothed_loss_matches_numpy(eps):
     targets = rng.integers(1, 11, (3, 5))
     targets[0, 3:] = 0
     targets[2, 1:] = 0
-    got = training.label_smoothed_cross_entropy(jnp.asarray(logits), jnp.asarray(targets), eps)
+    got = tfm_loss.label_smoothed_cross_entropy(jnp.asarray(logits), jnp.asarray(targets), eps)
     loss, nll, count = _numpy_smoothed_loss(logits, targets, eps)
     np.testing.assert_allclose(got["loss"], loss, rtol=1e-5)
     np.testing.assert_allclose(got["nll"], nll, rtol=1e-5)
@@ -86,7 +87,7 @@ def test_label_smoothed_loss_gradients_match_numpy(eps):
     targets = jnp.asarray(targets)
 
     def term(name, z):
-        return training.label_smoothed_cross_entropy(z, targets, eps)[name]
+        return tfm_loss.label_smoothed_cross_entropy(z, targets, eps)[name]
 
     loss_grad, nll_grad = _numpy_loss_gradients(logits, np.asarray(targets), eps)
     np.testing.assert_allclose(jax.grad(lambda z: term("loss", z))(logits), loss_grad, atol=1e-6)
@@ -97,6 +98,62 @@ def test_label_smoothed_loss_gradients_match_numpy(eps):
     half = jax.grad(lambda z: term("loss", z))(logits.astype(jnp.bfloat16))
     assert half.dtype == jnp.bfloat16
     np.testing.assert_allclose(half.astype(np.float32), loss_grad, atol=2e-2)
+
+
+def _numpy_tied_output_loss(states, table, targets, eps):
+    """Loss, nll, token count and d loss / d states, d loss / d E of the pre-softmax linear layer
+    z = states E^T followed by the smoothed loss, in float64 NumPy."""
+    states, table = np.asarray(states, np.float64), np.asarray(table, np.float64)
+    logits = states @ table.T
+    loss, nll, count = _numpy_smoothed_loss(logits, targets, eps)
+    logits_grad, _ = _numpy_loss_gradients(logits, targets, eps)
+    states_grad = logits_grad @ table
+    table_grad = np.einsum("btv,btd->vd", logits_grad, states)
+    return loss, nll, count, states_grad, table_grad
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 2**30])  # the most chunks allowed, and one
+def test_tied_output_cross_entropy_matches_numpy(chunk_bytes):
+    """The output layer and loss as one operation (chunked, gradients made in the forward pass)
+    against z = states E^T, the smoothed loss and its chain rule in NumPy."""
+    rng = np.random.default_rng(2)
+    batch, length, d_model, vocab, eps = 4, 12, 4, 13, 0.1
+    states = jnp.asarray(rng.normal(size=(batch, length, d_model)).astype(np.float32))
+    table = jnp.asarray(rng.normal(size=(vocab, d_model)).astype(np.float32))
+    targets = rng.integers(1, vocab, (batch, length))
+    targets[0, 5:] = 0
+    targets[3, 1:] = 0
+    chunks = tfm_loss.length_chunks(batch, length, vocab, d_model, chunk_bytes)
+    assert chunks == (6 if chunk_bytes == 1 else 1)  # 6: 8 tokens each, the fewest (2 d_model)
+
+    def terms(s, e):
+        return tfm_loss.tied_output_cross_entropy(s, e, jnp.asarray(targets), eps, chunk_bytes)
+
+    loss, nll, count, states_grad, table_grad = _numpy_tied_output_loss(states, table, targets, eps)
+    got = terms(states, table)
+    np.testing.assert_allclose(got["loss"], loss, rtol=1e-5)
+    np.testing.assert_allclose(got["nll"], nll, rtol=1e-5)
+    assert float(got["tokens"]) == count
+    # the backward pass scales the forward pass's gradients by the loss's cotangent (here 3)
+    grads = jax.grad(lambda s, e: 3 * terms(s, e)["loss"], argnums=(0, 1))(states, table)
+    np.testing.assert_allclose(grads[0], 3 * states_grad, atol=2e-5)
+    np.testing.assert_allclose(grads[1], 3 * table_grad, atol=2e-5)
+    # nll is reported, not trained on
+    assert not np.any(jax.grad(lambda s: terms(s, table)["nll"])(states))
+
+
+def test_length_chunks_fit_the_byte_budget_above_the_fewest_tokens():
+    # SMALL benchmark batch: 32 x 64 targets, vocab 8000, 16 MiB -> 4 chunks of 16 positions
+    # (32 x 16 x 8000 x 4 bytes = 15.6 MiB; 2 chunks would be 31 MiB)
+    assert tfm_loss.length_chunks(32, 64, 8000, 256, 16 * 2**20) == 4
+    # BASE benchmark batch, 8 x 64: 4 chunks would fit 16 MiB but hold 128 < 2 x 512 tokens
+    assert tfm_loss.length_chunks(8, 64, 32000, 512, 16 * 2**20) == 1
+    # a 25,600-token batch at vocab 37000: 16 chunks of 1,600 tokens (2 x 512 is the floor)
+    assert tfm_loss.length_chunks(400, 64, 37000, 512, 16 * 2**20) == 16
+    # only whole positions: 63 = 3 x 3 x 7, 21 positions x 32 rows = 672 >= 512 tokens
+    assert tfm_loss.length_chunks(32, 63, 8000, 256, 2**20) == 3
+    # everything fits: one chunk
+    assert tfm_loss.length_chunks(2, 10, 100, 8, 16 * 2**20) == 1
 
 
 def _copy_task_batch(rng, rows=16, length=7, vocab=16):

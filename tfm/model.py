@@ -152,8 +152,12 @@ class Transformer(nn.Module):
         tgt_segments: Array | None = None,
         tgt_positions: Array | None = None,
         deterministic: bool = True,
+        return_states: bool = False,
     ) -> Array:
-        """Decoder stack with teacher forcing: float32 logits `[batch, tgt_len, vocab]`.
+        """Decoder stack with teacher forcing: float32 logits `[batch, tgt_len, vocab]`, or with
+        `return_states` the decoder's final states `[batch, tgt_len, d_model]` that the
+        pre-softmax linear layer reads (section 3.4; the training loss applies that layer
+        itself, `tfm.training.tied_output_cross_entropy`).
 
         `encoded` is the FINAL encoder output `[batch, src_len, d_model]`; every decoder layer's
         cross-attention reads it.
@@ -178,7 +182,9 @@ class Transformer(nn.Module):
         y = self._embed(tgt_in, tgt_positions, "tgt", deterministic)
         for layer in self.decoder_layers:
             y = layer(y, encoded, self_mask, cross_mask, deterministic)
-        return self._logits(y)
+        if self.config.norm == "pre":
+            y = self.decoder_norm(y)
+        return y if return_states else self.embedding.logits(y)
 
     def _logits(self, y: Array) -> Array:
         if self.config.norm == "pre":
@@ -194,13 +200,22 @@ class Transformer(nn.Module):
         src_positions: Array | None = None,
         tgt_positions: Array | None = None,
         deterministic: bool = True,
+        return_states: bool = False,
     ) -> Array:
         """Training pass: `[batch, src_len]` source and `[batch, tgt_len]` shifted target ids ->
-        float32 logits `[batch, tgt_len, vocab]`. Dropout is active when `deterministic=False`
-        (needs a "dropout" RNG)."""
+        float32 logits `[batch, tgt_len, vocab]` (the decoder's final states with
+        `return_states`, as `decode`). Dropout is active when `deterministic=False` (needs a
+        "dropout" RNG)."""
         encoded = self.encode(src, src_segments, src_positions, deterministic)
         return self.decode(
-            encoded, src, tgt_in, src_segments, tgt_segments, tgt_positions, deterministic
+            encoded,
+            src,
+            tgt_in,
+            src_segments,
+            tgt_segments,
+            tgt_positions,
+            deterministic,
+            return_states,
         )
 
     def init_cache(

@@ -1,6 +1,7 @@
-"""The training recipe of section 5 as pure functions: label-smoothed cross-entropy, the Eq. 3
-learning-rate schedule, Adam(0.9, 0.98, 1e-9), `train_step` / `eval_step`. (`tfm.steps` compiles
-them; `tfm.trainer` is the job that runs them; `train.py` its command line.)
+"""The training recipe of section 5 as pure functions: the Eq. 3 learning-rate schedule,
+Adam(0.9, 0.98, 1e-9), `train_step` / `eval_step` on the label-smoothed loss of `tfm.loss`.
+(`tfm.steps` compiles them; `tfm.trainer` is the job that runs them; `train.py` its command
+line.)
 
 A batch is a dict of int32 arrays (see `tfm.data.batching`): src, tgt_in, tgt_out [rows, L] and,
 for packed rows, src_segments, tgt_segments, src_positions, tgt_positions. With gradient
@@ -18,8 +19,9 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from tfm.layers import compute_dtype
+from tfm.loss import tied_output_cross_entropy
 from tfm.model import Transformer
-from tfm.tokens import PAD_ID
 
 Array = jax.Array
 PACKED_KEYS = ("src_segments", "tgt_segments", "src_positions", "tgt_positions")
@@ -83,70 +85,6 @@ def make_optimizer(config: TrainConfig, d_model: int) -> optax.GradientTransform
     return optax.chain(*parts)
 
 
-def label_smoothed_cross_entropy(
-    logits: Array, targets: Array, smoothing: float
-) -> dict[str, Array]:
-    """Sums over non-pad target tokens (section 5.4, label smoothing eps_ls).
-
-    The smoothed target q puts 1 - eps on the reference token and eps / vocab on every token, so
-    -sum_v q_v log p_v = logsumexp(z) - (1 - eps) z_target - eps mean_v(z) for logits z
-    (`_token_losses`).
-
-    Returns loss (smoothed cross-entropy), nll (plain negative log-likelihood) and tokens (count
-    of non-pad targets), each summed, float32.
-    """
-    loss, nll = _token_losses(logits.astype(jnp.float32), targets, smoothing)
-    weights = (targets != PAD_ID).astype(jnp.float32)
-    return dict(loss=jnp.sum(loss * weights), nll=jnp.sum(nll * weights), tokens=jnp.sum(weights))
-
-
-def _log_partition(logits: Array) -> tuple[Array, Array, Array]:
-    """exp(z - m) `[..., vocab]`, its sum `[...]` and log sum_v exp(z_v) `[...]` of logits z, m =
-    max_v z_v; the ops of `jax.nn.logsumexp` (so the same values)."""
-    max_logit = jnp.max(logits, axis=-1, keepdims=True)
-    max_logit = jnp.where(jnp.isfinite(max_logit), max_logit, 0.0)
-    shifted_exp = jnp.exp(logits - max_logit)
-    partition = jnp.sum(shifted_exp, axis=-1)
-    return shifted_exp, partition, jnp.log(partition) + max_logit[..., 0]
-
-
-def _token_losses_forward(logits: Array, targets: Array, smoothing: float):
-    shifted_exp, partition, log_normalizer = _log_partition(logits)
-    # the target read by a gather: a one-hot compare here would write a whole [..., vocab]
-    # select for XLA:CPU's library reduction to read
-    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    nll = log_normalizer - target_logit
-    loss = nll + smoothing * (target_logit - jnp.mean(logits, axis=-1))
-    return (loss, nll), (shifted_exp, partition, targets, smoothing)
-
-
-@jax.custom_vjp
-def _token_losses(logits: Array, targets: Array, smoothing: float) -> tuple[Array, Array]:
-    """Per-token smoothed cross-entropy and nll `[...]` of float32 logits `[..., vocab]`.
-
-    The gradient is written out (`_token_losses_backward`): autodiff of the forward's gather
-    would scatter into a `[..., vocab]` zero array.
-    """
-    return _token_losses_forward(logits, targets, smoothing)[0]
-
-
-def _token_losses_backward(residuals, cotangents):
-    """d loss / dz = softmax(z) - q and d nll / dz = softmax(z) - onehot(target): one
-    elementwise pass over the logits, the target by a one-hot compare."""
-    shifted_exp, partition, targets, smoothing = residuals
-    loss_cotangent, nll_cotangent = cotangents
-    vocab = shifted_exp.shape[-1]
-    softmax_weight = ((loss_cotangent + nll_cotangent) / partition)[..., None]
-    target_weight = (loss_cotangent * (1.0 - smoothing) + nll_cotangent)[..., None]
-    uniform = (loss_cotangent * (smoothing / vocab))[..., None]
-    is_target = jnp.arange(vocab) == targets[..., None]
-    logits_cotangent = shifted_exp * softmax_weight - jnp.where(is_target, target_weight, 0.0)
-    return logits_cotangent - uniform, None, None  # targets and smoothing: not differentiated
-
-
-_token_losses.defvjp(_token_losses_forward, _token_losses_backward)
-
-
 @struct.dataclass
 class TrainState:
     """Everything a step changes: step count, parameters, optimizer state, dropout RNG."""
@@ -186,15 +124,18 @@ def batch_loss(
 ) -> dict[str, Array]:
     """Summed loss terms of one (micro-)batch; dropout on when `dropout_rng` is given."""
     deterministic = dropout_rng is None
-    logits = model.apply(
+    states = model.apply(
         {"params": params},
         batch["src"],
         batch["tgt_in"],
         deterministic=deterministic,
         rngs=None if deterministic else {"dropout": dropout_rng},
+        return_states=True,
         **_model_inputs(batch),
     )
-    return label_smoothed_cross_entropy(logits, batch["tgt_out"], smoothing)
+    dtype = compute_dtype(model.config)
+    table = params["embedding"]["embedding"].astype(dtype)
+    return tied_output_cross_entropy(states.astype(dtype), table, batch["tgt_out"], smoothing)
 
 
 def _accumulated_gradients(model, params, batch, smoothing, rng):
