@@ -157,7 +157,7 @@ class Transformer(nn.Module):
         """Decoder stack with teacher forcing: float32 logits `[batch, tgt_len, vocab]`, or with
         `return_states` the decoder's final states `[batch, tgt_len, d_model]` that the
         pre-softmax linear layer reads (section 3.4; the training loss applies that layer
-        itself, `tfm.training.tied_output_cross_entropy`).
+        itself, `tfm.loss.tied_output_cross_entropy`).
 
         `encoded` is the FINAL encoder output `[batch, src_len, d_model]`; every decoder layer's
         cross-attention reads it.
@@ -182,14 +182,18 @@ class Transformer(nn.Module):
         y = self._embed(tgt_in, tgt_positions, "tgt", deterministic)
         for layer in self.decoder_layers:
             y = layer(y, encoded, self_mask, cross_mask, deterministic)
-        if self.config.norm == "pre":
-            y = self.decoder_norm(y)
-        return y if return_states else self.embedding.logits(y)
+        return self._final_states(y) if return_states else self._logits(y)
+
+    def _final_states(self, y: Array) -> Array:
+        return self.decoder_norm(y) if self.config.norm == "pre" else y
 
     def _logits(self, y: Array) -> Array:
-        if self.config.norm == "pre":
-            y = self.decoder_norm(y)
-        return self.embedding.logits(y)
+        return self.embedding.logits(self._final_states(y))
+
+    def output_embedding(self) -> Array:
+        """E `[vocab, d_model]` in the compute dtype: the pre-softmax linear layer's weights
+        (section 3.4), for a loss that applies that layer itself."""
+        return self.embedding.table.astype(self.embedding.dtype)
 
     def __call__(
         self,

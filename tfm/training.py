@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from tfm.layers import compute_dtype
 from tfm.loss import tied_output_cross_entropy
 from tfm.model import Transformer
 
@@ -133,9 +132,8 @@ def batch_loss(
         return_states=True,
         **_model_inputs(batch),
     )
-    dtype = compute_dtype(model.config)
-    table = params["embedding"]["embedding"].astype(dtype)
-    return tied_output_cross_entropy(states.astype(dtype), table, batch["tgt_out"], smoothing)
+    table = model.apply({"params": params}, method=Transformer.output_embedding)
+    return tied_output_cross_entropy(states.astype(table.dtype), table, batch["tgt_out"], smoothing)
 
 
 def _accumulated_gradients(model, params, batch, smoothing, rng):
