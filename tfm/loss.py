@@ -10,6 +10,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from tfm.matmul import tied_logits
 from tfm.tokens import PAD_ID
 
 Array = jax.Array
@@ -109,7 +110,7 @@ def _chunk_sums_and_gradients(states, table, targets, smoothing: float, with_gra
     """One chunk of `tied_output_cross_entropy`: the summed loss and nll of `[batch, positions,
     d_model]` states, and with_gradients the summed loss's gradients d/d states and d/d E^T
     (`[d_model, vocab]`, as `tfm.matmul.tied_logits` computes it)."""
-    logits = jnp.einsum("...d,vd->...v", states, table, preferred_element_type=jnp.float32)
+    logits = tied_logits(states, table)
     (loss, nll), residuals = _token_losses_forward(logits, targets, smoothing)
     weights = (targets != PAD_ID).astype(jnp.float32)
     sums = (jnp.sum(loss * weights), jnp.sum(nll * weights))
