@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from tfm import attention as attn
 from tfm.config import ModelConfig
 from tfm.dropout import Dropout
-from tfm.lean_ops import LayerNorm
+from tfm.lean_ops import LayerNorm, relu
 from tfm.matmul import linear, tied_logits
 
 Array = jax.Array
@@ -222,7 +222,7 @@ class FeedForward(nn.Module):
             kernel_init=nn.initializers.xavier_uniform(),
             dot_general=_dense_linear,
         )
-        hidden = nn.relu(nn.Dense(self.d_ff, name="inner", **dense)(x))
+        hidden = relu(nn.Dense(self.d_ff, name="inner", **dense)(x))
         return nn.Dense(self.d_model, name="outer", **dense)(hidden)
 
 
