@@ -106,10 +106,10 @@ def test_masked_softmax_values_and_gradient():
     assert np.all(np.asarray(got)[~np.broadcast_to(mask, logits.shape)] == 0.0)
 
 
-@pytest.mark.parametrize("width", [16, 13])  # a whole number of bytes of signs, and not
-def test_relu_values_and_gradient(width):
+@pytest.mark.parametrize("rows", [16, 13])  # a whole number of bytes of signs, and not
+def test_relu_values_and_gradient(rows):
     rng = np.random.default_rng(5)
-    x = rng.normal(size=(3, 5, width)).astype(np.float32)
+    x = rng.normal(size=(rows, 2, 6)).astype(np.float32)
     x[0, 0, :4] = [0.0, -0.0, 1e-30, -1e-30]  # the gradient at 0 is 0, as jax.nn.relu's
     cotangent = rng.normal(size=x.shape).astype(np.float32)
     y, vjp = jax.vjp(lean_ops.relu, jnp.asarray(x))
@@ -119,12 +119,15 @@ def test_relu_values_and_gradient(width):
 
 
 def test_relu_keeps_its_signs_as_packed_bits():
-    x = np.random.default_rng(6).normal(size=(4, 21)).astype(np.float32)
+    x = np.random.default_rng(6).normal(size=(3, 7, 5)).astype(np.float32)  # 21 rows of 5
     packed = lean_ops._pack_positive(jnp.asarray(x))
-    expected = np.packbits(x > 0, axis=-1, bitorder="little")  # NumPy's own bit packing
-    assert packed.dtype == jnp.uint8 and packed.shape == (4, 3)
+    rows = np.zeros((24, 5), bool)  # padded to 8 x 3 rows
+    rows[:21] = (x > 0).reshape(21, 5)
+    # NumPy's own bit packing: bit i of byte [j, k] is row 3 i + j
+    expected = np.packbits(rows.reshape(8, 3, 5), axis=0, bitorder="little")[0]
+    assert packed.dtype == jnp.uint8 and packed.shape == (3, 5)
     np.testing.assert_array_equal(packed, expected)
-    np.testing.assert_array_equal(lean_ops._unpack(packed, 21), x > 0)
+    np.testing.assert_array_equal(lean_ops._unpack(packed, x.shape), x > 0)
     bf16 = lean_ops._pack_positive(jnp.asarray(x, jnp.bfloat16))
     np.testing.assert_array_equal(bf16, expected)
 
