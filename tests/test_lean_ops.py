@@ -1,6 +1,12 @@
 """tfm.lean_ops: the same values as the Flax / jax.nn computations they replace, and gradients
 that match central differences of a float64 NumPy forward (an independent derivation)."""
 
+import json
+import pathlib
+import subprocess
+import sys
+import textwrap
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -123,8 +129,8 @@ def test_relu_keeps_its_signs_as_packed_bits():
     packed = lean_ops._pack_positive(jnp.asarray(x))
     rows = np.zeros((24, 5), bool)  # padded to 8 x 3 rows
     rows[:21] = (x > 0).reshape(21, 5)
-    # NumPy's own bit packing: bit i of byte [j, k] is row 3 i + j
-    expected = np.packbits(rows.reshape(8, 3, 5), axis=0, bitorder="little")[0]
+    # NumPy's own bit packing: bit i of byte [j, k] is row 8 j + i
+    expected = np.packbits(rows.reshape(3, 8, 5), axis=1, bitorder="little")[:, 0]
     assert packed.dtype == jnp.uint8 and packed.shape == (3, 5)
     np.testing.assert_array_equal(packed, expected)
     np.testing.assert_array_equal(lean_ops._unpack(packed, x.shape), x > 0)
@@ -144,3 +150,39 @@ def test_an_ffn_gradient_through_relu_does_not_keep_the_pre_activation():
 
     pre_activation = 2048 * 512 * 4
     assert scratch_bytes(lean_ops.relu) <= scratch_bytes(jax.nn.relu) - 0.75 * pre_activation
+
+
+SHARDED_RELU = textwrap.dedent(
+    """
+    import json, os, re, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    import jax, jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from tfm import lean_ops
+    mesh = Mesh(jax.devices(), ("data",))
+    x = jax.device_put(jnp.ones((64, 32, 256)), NamedSharding(mesh, P("data")))
+    w = jax.device_put(jnp.ones((256, 512)), NamedSharding(mesh, P()))
+    counts = {}
+    for name, relu in (("autodiff", jax.nn.relu), ("lean", lean_ops.relu)):
+        grad = jax.jit(jax.grad(lambda w, x: jnp.sum(relu(x @ w))))
+        text = grad.lower(w, x).compile().as_text()
+        counts[name] = len(re.findall(r"= [^=]*? (all-reduce|all-gather|reduce-scatter|"
+                                      r"all-to-all|collective-permute)(-start)?[(]", text))
+    print(json.dumps(counts))
+    """
+)
+
+
+def test_relu_packs_its_bits_without_communication_when_the_batch_is_sharded():
+    """The bits of a row group stay on the device that holds its rows: a data-parallel FFN
+    gradient has the same collectives (the weight gradient's all-reduce) as with autodiff."""
+    out = subprocess.run(
+        [sys.executable, "-c", SHARDED_RELU],
+        capture_output=True,
+        text=True,
+        cwd=pathlib.Path(__file__).resolve().parents[1],
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    counts = json.loads(out.stdout.strip().splitlines()[-1])
+    assert counts["autodiff"] >= 1 and counts["lean"] == counts["autodiff"], counts

@@ -131,24 +131,25 @@ masked_softmax.defvjp(_masked_softmax_forward, _masked_softmax_backward)
 
 
 def _bit_values() -> Array:
-    """1, 2, 4, ..., 128 as uint8 `[8, 1, 1]`: bit i of a byte, one per slab of rows."""
-    return (jnp.uint8(1) << jnp.arange(8, dtype=jnp.uint8))[:, None, None]
+    """1, 2, 4, ..., 128 as uint8 `[8, 1]`: bit i of a byte, one per row of a group of eight."""
+    return (jnp.uint8(1) << jnp.arange(8, dtype=jnp.uint8))[:, None]
 
 
 def _pack_positive(x: Array) -> Array:
     """Where x > 0, as bits packed eight to a byte across rows: `[..., n]` x, taken as `[rows,
-    n]` and padded to 8 r rows, -> uint8 `[r, n]` whose byte [j, k] holds row i r + j in bit i.
-    Packing across rows rather than along n adds eight whole-row slabs, vectorised along n."""
+    n]` and padded to 8 r rows, -> uint8 `[r, n]` whose byte [j, k] holds row 8 j + i in bit i.
+    Across rows rather than along n, a group's eight rows are added whole, vectorised along n;
+    groups of consecutive rows stay on the device that holds them when the batch is sharded."""
     positive = (x > 0).reshape(-1, x.shape[-1])
-    slab = -(-positive.shape[0] // 8)
-    positive = jnp.pad(positive, [(0, 8 * slab - positive.shape[0]), (0, 0)])
-    bits = positive.astype(jnp.uint8).reshape(8, slab, x.shape[-1])
-    return jnp.sum(bits * _bit_values(), axis=0, dtype=jnp.uint8)
+    groups = -(-positive.shape[0] // 8)
+    positive = jnp.pad(positive, [(0, 8 * groups - positive.shape[0]), (0, 0)])
+    bits = positive.astype(jnp.uint8).reshape(groups, 8, x.shape[-1])
+    return jnp.sum(bits * _bit_values(), axis=1, dtype=jnp.uint8)
 
 
 def _unpack(packed: Array, shape: tuple[int, ...]) -> Array:
     """`_pack_positive`'s inverse: uint8 `[r, n]` -> bool `shape`."""
-    bits = (packed[None] & _bit_values()) != 0
+    bits = (packed[:, None, :] & _bit_values()) != 0
     return bits.reshape(-1, shape[-1])[: math.prod(shape[:-1])].reshape(shape)
 
 
