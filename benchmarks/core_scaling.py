@@ -24,13 +24,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
+from peers.workloads import WORKLOADS  # noqa: E402  (numpy only: the worker imports jax later)
+from worker_output import last_json_line  # noqa: E402
+
+DECODING_WORKLOADS = sorted(name for name, w in WORKLOADS.items() if w.kind != "train")
+
 
 def _decode(workload: str, runs: int) -> dict:
     """Time `runs` decodes of the workload's batch in this process (as compare.py's tfm)."""
     import numpy as np
     from peers import tfm_system
-    from peers.workloads import WORKLOADS
-
     w = WORKLOADS[workload]
     decoder = tfm_system.Decoder(w, weights_path="")
     ids = decoder.run()  # compiles
@@ -53,15 +56,9 @@ def _worker_command(workload: str, runs: int) -> list[str]:
     return [sys.executable, __file__, "--worker", "--workload", workload, "--runs", str(runs)]
 
 
-def _last_json(out: str) -> dict:
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument(
-        "--workload", default="beam4_small", choices=["beam4_small", "greedy_small"]
-    )
+    parser.add_argument("--workload", default="beam4_small", choices=DECODING_WORKLOADS)
     parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -70,7 +67,7 @@ def main() -> None:
         return
     cores = sorted(os.sched_getaffinity(0))
     command = _worker_command(args.workload, args.runs)
-    shared = _last_json(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+    shared = last_json_line(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
     pinned = [
         subprocess.Popen(
             command,
@@ -80,7 +77,7 @@ def main() -> None:
         )
         for core in cores
     ]
-    per_core = [_last_json(p.communicate()[0]) for p in pinned]
+    per_core = [last_json_line(p.communicate()[0]) for p in pinned]
     together = sum(r["tokens_per_second"] for r in per_core)
     print(
         json.dumps(

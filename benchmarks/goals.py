@@ -3,18 +3,21 @@ its JSON, one entry per goal the run measured (`summarize.py` gathers them over 
 
 from __future__ import annotations
 
-# (workload, system over, minimum ratio tfm / other): the performance issues' goals (round two:
-# training >= 1.1x every peer, beam 4 >= 1.0x CTranslate2, greedy >= 2.0x Hugging Face)
+# (workload, system over, minimum ratio tfm / other, the issue that set it). Round two (the open
+# performance issue): training >= 1.1x every peer, beam 4 >= 1.0x CTranslate2 float32, greedy
+# >= 2.0x Hugging Face. Round one's other goals stay measured, labelled as round one's.
+ROUND_TWO = "round two"
+ROUND_ONE = "round one"
 GOALS = [
-    ("train_small", "torch", 1.1),
-    ("train_small", "hf", 1.1),
-    ("train_base", "torch", 1.1),
-    ("train_base", "hf", 1.1),
-    ("greedy_small", "ct2", 1.0),
-    ("greedy_small", "hf", 2.0),
-    ("beam4_small", "ct2", 1.0),
-    ("beam4_small", "hf", 2.0),
-    ("greedy_small", "tfm_uncached", 10.0),
+    ("train_small", "torch", 1.1, ROUND_TWO),
+    ("train_small", "hf", 1.1, ROUND_TWO),
+    ("train_base", "torch", 1.1, ROUND_TWO),
+    ("train_base", "hf", 1.1, ROUND_TWO),
+    ("greedy_small", "hf", 2.0, ROUND_TWO),
+    ("beam4_small", "ct2", 1.0, ROUND_TWO),
+    ("greedy_small", "ct2", 1.0, ROUND_ONE),
+    ("beam4_small", "hf", 2.0, ROUND_ONE),
+    ("greedy_small", "tfm_uncached", 10.0, ROUND_ONE),
 ]
 # (workload, system): tfm's peak resident memory at most that system's
 MEMORY_GOALS = [("train_base", "torch")]
@@ -62,7 +65,7 @@ def judged(results: dict, real_file: dict | None) -> list[dict]:
     """Each goal that `results` (workload -> compare.py's result) and the real-file run measured,
     with the measured figure and whether it was met."""
     goals = real_file_goals(real_file)
-    for workload, other, minimum in GOALS:
+    for workload, other, minimum, issue in GOALS:
         ratio = results.get(workload, {}).get("ratios_tfm_over", {}).get(other)
         if ratio is not None:
             goals.append(
@@ -72,6 +75,7 @@ def judged(results: dict, real_file: dict | None) -> list[dict]:
                     "goal": minimum,
                     "measured": ratio,
                     "met": ratio >= minimum,
+                    **({} if issue == ROUND_TWO else {"set_in": issue}),
                 }
             )
     for workload, other in MEMORY_GOALS:

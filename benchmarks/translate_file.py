@@ -32,6 +32,9 @@ from typing import Any, NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+from worker_output import last_json_line  # noqa: E402
 
 BEAM = 4
 
@@ -162,7 +165,7 @@ def _first_runs(args) -> dict[str, float]:
                 "--data_dir", args.data_dir, "--split", args.split, "--limit", str(args.limit),
             ]  # fmt: skip
             done = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True)
-            seconds[name] = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+            seconds[name] = last_json_line(done.stdout)["seconds"]
             print(f"tfm first run, {name}: {seconds[name]:.1f} s", file=sys.stderr)
     return seconds
 

@@ -3,10 +3,8 @@ scratch buffer in 2 MiB pages instead of 4 KiB ones (counted by the kernel: mino
 without holding more memory than glibc's defaults; memory freed into the heap can be handed
 back to the system."""
 
-import json
 import mmap
 import os
-import pathlib
 import statistics
 import subprocess
 import sys
@@ -14,6 +12,7 @@ import textwrap
 
 import pytest
 
+from tests.subprocess_json import ROOT, last_json_line
 from tfm import host_memory
 
 PROGRAM = textwrap.dedent(
@@ -56,11 +55,11 @@ def _run(mode: str, environment: dict[str, str]) -> dict:
         stdout=subprocess.PIPE,
         text=True,
         env=environment,
-        cwd=pathlib.Path(__file__).resolve().parents[1],
+        cwd=ROOT,
     )
     out, _ = process.communicate()
     assert process.returncode == 0
-    result = json.loads(out.strip().splitlines()[-1])
+    result = last_json_line(out)
     result["started_pid"] = process.pid
     return result
 

@@ -1,10 +1,6 @@
 """tfm.lean_ops: the same values as the Flax / jax.nn computations they replace, and gradients
 that match central differences of a float64 NumPy forward (an independent derivation)."""
 
-import json
-import pathlib
-import subprocess
-import sys
 import textwrap
 
 import flax.linen as nn
@@ -13,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.subprocess_json import run_python
 from tfm import lean_ops
 
 
@@ -176,13 +173,5 @@ SHARDED_RELU = textwrap.dedent(
 def test_relu_packs_its_bits_without_communication_when_the_batch_is_sharded():
     """The bits of a row group stay on the device that holds its rows: a data-parallel FFN
     gradient has the same collectives (the weight gradient's all-reduce) as with autodiff."""
-    out = subprocess.run(
-        [sys.executable, "-c", SHARDED_RELU],
-        capture_output=True,
-        text=True,
-        cwd=pathlib.Path(__file__).resolve().parents[1],
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    counts = json.loads(out.stdout.strip().splitlines()[-1])
+    counts = run_python(["-c", SHARDED_RELU], timeout=300)
     assert counts["autodiff"] >= 1 and counts["lean"] == counts["autodiff"], counts

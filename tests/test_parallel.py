@@ -1,29 +1,16 @@
-import json
-import pathlib
-import subprocess
-import sys
-
 import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from tests.subprocess_json import ROOT, run_python
 from tfm import parallel
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOLERANCE = 1e-5  # float32: sharded reductions add in a different order
 
 
 @pytest.fixture(scope="module")
 def eight_device_results():
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "multidevice_steps.py")],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_python([str(ROOT / "tests" / "multidevice_steps.py")], timeout=600)
 
 
 @pytest.mark.parametrize("strategy", ["data", "fsdp", "tensor"])
