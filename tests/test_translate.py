@@ -99,8 +99,9 @@ def test_a_batch_that_needs_every_position_is_searched_again_with_all_of_them(be
 
 
 def test_translations_do_not_depend_on_the_batch_size():
-    """The default batch (None: sized for the backend) and any other give the same outputs:
-    filler rows and batch boundaries never leak into a sentence's search."""
+    """The default batch (None: sized for the backend) and any other, and any number of streams
+    side by side, give the same outputs: filler rows, batch boundaries and the sentences that
+    share a stream never leak into a sentence's search."""
     config = tiny_model_config(40)
     model = Transformer(config)
     src = np.ones((1, 4), np.int32)
@@ -110,17 +111,20 @@ def test_translations_do_not_depend_on_the_batch_size():
     rng = np.random.default_rng(0)
     texts = [" ".join(rng.choice(words, rng.integers(1, 20))) for _ in range(23)] + [""]
     outputs = {
-        batch_tokens: translate.translate(
+        (batch_tokens, streams): translate.translate(
             model,
             params,
             tokenizer,
             texts,
-            translate.TranslateConfig(beam_size=2, extra_length=6, batch_tokens=batch_tokens),
+            translate.TranslateConfig(
+                beam_size=2, extra_length=6, batch_tokens=batch_tokens, streams=streams
+            ),
         )
-        for batch_tokens in (None, 32, 4096)
+        for batch_tokens, streams in ((None, None), (32, 1), (4096, 1), (32, 2), (32, 3))
     }
-    assert outputs[None] == outputs[32] == outputs[4096]
-    assert outputs[None][-1] == ""
+    assert len({tuple(out) for out in outputs.values()}) == 1, outputs
+    assert outputs[None, None][-1] == ""
+    assert outputs[32, 1] != [""] * len(texts)  # the model emits words: a real comparison
 
 
 def test_the_default_batch_is_read_from_the_config_or_sized_for_the_backend():
@@ -135,6 +139,11 @@ def test_the_default_batch_is_read_from_the_config_or_sized_for_the_backend():
     assert job_config_from(config).final.translate.batch_tokens == 2048
     config.decode.batch_tokens = 0
     with pytest.raises(ValueError, match="config.decode.batch_tokens must be a positive integer"):
+        job_config_from(config)
+    assert job_config_from(default.get_config()).final.translate.streams is None
+    config = default.get_config()
+    config.decode.streams = 0
+    with pytest.raises(ValueError, match="config.decode.streams must be a positive integer"):
         job_config_from(config)
 
 

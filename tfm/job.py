@@ -182,6 +182,7 @@ def job_config_from(config) -> JobConfig:
             alpha=decode.get("alpha"),
             extra_length=decode.non_negative_int("extra_length"),
             batch_tokens=decode.optional_positive_int("batch_tokens"),
+            streams=decode.optional_positive_int("streams"),
         ),
         "config.decode",
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
@@ -16,7 +17,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from tfm import decoding, metrics, slots
+from tfm import decoding, metrics, side_by_side, slots
 from tfm.config import ModelConfig
 from tfm.model import Transformer
 from tfm.tokens import BOS_ID, EOS_ID, PAD_ID
@@ -34,6 +35,10 @@ class TranslateConfig:
     max_source_len: longest source in tokens, EOS included; longer lines are `overlong`.
     overlong: "truncate" (with a warning) or "error".
     length_buckets: padded source lengths; each is one compiled program.
+    streams: beam search's streams per length bucket, run side by side, each through its own
+      batch of slots and each with a share of the bucket's sentences (`tfm.side_by_side`);
+      None: `side_by_side.default_parts()` for the backend decoding runs on (2 on a CPU of 2
+      cores or more, 1 on an accelerator). Results do not depend on it.
     """
 
     beam_size: int = decoding.PAPER_BEAM_SIZE
@@ -43,13 +48,14 @@ class TranslateConfig:
     max_source_len: int = 256
     overlong: str = "truncate"
     length_buckets: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
+    streams: int | None = None
 
     def __post_init__(self) -> None:
         if self.overlong not in ("truncate", "error"):
             raise ValueError(f"overlong must be 'truncate' or 'error', got {self.overlong!r}")
-        for name in ("beam_size", "batch_tokens", "max_source_len"):
+        for name in ("beam_size", "batch_tokens", "max_source_len", "streams"):
             value = getattr(self, name)
-            if name == "batch_tokens" and value is None:
+            if name in ("batch_tokens", "streams") and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -61,6 +67,10 @@ class TranslateConfig:
     def batch_tokens_on_this_backend(self) -> int:
         """`batch_tokens`, or where it is None the default for JAX's backend."""
         return self.batch_tokens or default_batch_tokens()
+
+    def streams_on_this_backend(self) -> int:
+        """`streams`, or where it is None the default for JAX's backend."""
+        return self.streams or side_by_side.default_parts()
 
 
 def default_batch_tokens(backend: str | None = None) -> int:
@@ -219,19 +229,47 @@ def _beam_search_bucket(
     config: TranslateConfig,
     progress: Callable[[int], None] | None,
 ) -> dict[int, np.ndarray]:
-    """Best hypothesis of each source in `part`, streamed through its slots in `first_try_steps`
-    positions; the few that need more are searched again in batches with all of them.
-    `progress` hears of sources as they leave the slots."""
+    """Best hypothesis of each source in `part`, streamed through slots in `first_try_steps`
+    positions, `config.streams` streams side by side (each its own `part.rows` slots); the few
+    that need more are searched again in batches with all of them. `progress` hears of sources
+    as they leave the slots."""
     sources = [np.asarray([*encoded[i], EOS_ID], np.int32) for i in part.sentences]
     settings = _stream_settings(config, part.rows, part.length)
-    found, needs_more = slots.search_stream(model, params, sources, settings, progress)
-    outputs = {part.sentences[k]: ids for k, ids in found.items()}
+    streams = config.streams_on_this_backend()
+    # sources are sorted by length: every stream takes every `streams`-th, a share of each length
+    shares = [range(k, len(sources), streams) for k in range(min(streams, len(sources)))]
+    heard = _thread_safe(progress)
+    searched = side_by_side.run_side_by_side(
+        [
+            lambda share=share: slots.search_stream(
+                model, params, [sources[k] for k in share], settings, heard
+            )
+            for share in shares
+        ]
+    )
+    outputs, needs_more = {}, []
+    for share, (found, more) in zip(shares, searched, strict=True):
+        outputs.update({part.sentences[share[k]]: ids for k, ids in found.items()})
+        needs_more += [share[k] for k in more]
     for start in range(0, len(needs_more), part.rows):
         again = [part.sentences[k] for k in needs_more[start : start + part.rows]]
         src = _padded([encoded[i] for i in again], part.rows, part.length)
         ids = np.asarray(run_search(model, params, src, config).ids)
         outputs.update({i: ids[r] for r, i in enumerate(again)})
     return outputs
+
+
+def _thread_safe(progress: Callable[[int], None] | None) -> Callable[[int], None] | None:
+    """`progress`, called by one stream at a time."""
+    if progress is None:
+        return None
+    lock = threading.Lock()
+
+    def heard(count: int) -> None:
+        with lock:
+            progress(count)
+
+    return heard
 
 
 class _CompileAhead:

@@ -1,4 +1,5 @@
-"""tfm itself: the jitted train step of `tfm.training`, and `tfm.decoding`'s searches."""
+"""tfm itself: the jitted train step of `tfm.training`, and `tfm.decoding`'s searches (as
+`tfm.side_by_side.search_in_parts` runs them: on CPU, a search per core)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from peers.workloads import (
     decoding_source,
     training_batch,
 )
-from tfm import ModelConfig, Transformer, decoding, host_memory, training
+from tfm import ModelConfig, Transformer, decoding, host_memory, side_by_side, training
 
 NAME = "tfm"
 
@@ -140,6 +141,7 @@ class Decoder:
         else:
             self.search = decoding.greedy_search if cached else decoding.greedy_search_uncached
         self.new_tokens = w.tgt_len
+        self.parts = side_by_side.default_parts()
 
     def compiled_text(self) -> str:
         """The optimised HLO of the search program (for profiles)."""
@@ -147,5 +149,7 @@ class Decoder:
         return lowered.compile().as_text()
 
     def run(self) -> np.ndarray:
-        result = self.search(self.model, self.params, self.src, **self.settings)
+        result = side_by_side.search_in_parts(
+            self.search, self.model, self.params, self.src, self.parts, **self.settings
+        )
         return np.asarray(jax.block_until_ready(result).ids[:, : self.new_tokens])
