@@ -34,6 +34,7 @@ def _decode(workload: str, runs: int) -> dict:
     """Time `runs` decodes of the workload's batch in this process (as compare.py's tfm)."""
     import numpy as np
     from peers import tfm_system
+
     w = WORKLOADS[workload]
     decoder = tfm_system.Decoder(w, weights_path="")
     ids = decoder.run()  # compiles
@@ -67,7 +68,9 @@ def main() -> None:
         return
     cores = sorted(os.sched_getaffinity(0))
     command = _worker_command(args.workload, args.runs)
-    shared = last_json_line(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+    shared = last_json_line(
+        subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    )
     pinned = [
         subprocess.Popen(
             command,

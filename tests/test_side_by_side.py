@@ -64,7 +64,9 @@ def test_parts_by_backend_and_cores(monkeypatch):
     assert side_by_side.default_parts("gpu") == 1
     monkeypatch.setattr(side_by_side.os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert side_by_side.default_parts("cpu") == 1
-    monkeypatch.setattr(side_by_side.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(
+        side_by_side.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False
+    )
     assert side_by_side.default_parts("cpu") == side_by_side.MOST_CPU_PARTS == 2
     assert side_by_side.split_rows(5, 2) == 3 and side_by_side.split_rows(2, 4) == 1
     with pytest.raises(ValueError, match="parts must be a positive integer, got 0"):
