@@ -41,7 +41,7 @@ def default_parts(backend: str | None = None) -> int:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return max(1, min(cores, MOST_CPU_PARTS))
+    return min(cores, MOST_CPU_PARTS)
 
 
 def run_side_by_side(jobs: Sequence[Callable[[], T]]) -> list[T]:
@@ -74,13 +74,14 @@ def search_in_parts(search: Callable, model, params, src, parts: int | None = No
     rows = split_rows(src.shape[0], parts)
     if rows == src.shape[0]:
         return search(model, params, src, **settings)
-    padded = np.full((-(-src.shape[0] // rows) * rows, src.shape[1]), PAD_ID, src.dtype)
+    padded_rows = -(-src.shape[0] // rows) * rows
+    padded = np.full((padded_rows, src.shape[1]), PAD_ID, src.dtype)
     padded[: src.shape[0]] = src
     # threads that call a program not yet compiled wait for one compilation (jit's cache)
     results = run_side_by_side(
         [
             lambda start=start: search(model, params, padded[start : start + rows], **settings)
-            for start in range(0, padded.shape[0], rows)
+            for start in range(0, padded_rows, rows)
         ]
     )
     return jax.tree.map(lambda *leaves: jnp.concatenate(leaves)[: src.shape[0]], *results)
