@@ -106,3 +106,24 @@ def test_a_second_search_of_a_bucket_traces_nothing(setup, monkeypatch):
         jax.tree.leaves(empty.beams.cache), jax.tree.leaves(fresh_cache), strict=True
     ):
         assert (mine.shape, mine.dtype) == (fresh.shape, fresh.dtype)
+
+
+def test_a_stream_program_traces_its_step_once(setup, monkeypatch):
+    """`stream` runs `_STEPS_PER_ITERATION` steps per loop iteration; tracing each again made a
+    first run with a previous run's compilation cache trace ~1.5x what one step needs, per
+    length bucket. One trace of the step serves every step of the iteration."""
+    model, params, _, _, eos_ids = setup
+    assert slots._STEPS_PER_ITERATION > 1
+    traced = []
+    original = slots._step
+
+    def counting(*args):
+        traced.append(args[1].steps.shape)
+        return original(*args)
+
+    monkeypatch.setattr(slots, "_step", counting)
+    settings = slots.StreamSettings(
+        rows=7, src_len=SRC_LEN, max_steps=POSITIONS, block=8, beam_size=4, eos_id=eos_ids[0]
+    )
+    slots.lowered(model, params, settings)
+    assert traced == [(7,)]
