@@ -69,8 +69,9 @@ def _parser() -> argparse.ArgumentParser:
         "--streams",
         type=int,
         default=None,
-        help="beam-search streams per length bucket, run side by side (default: 2 on a CPU "
-        "of 2 or more cores, 1 on GPU/TPU); translations do not depend on it",
+        help="searches run side by side: beam search's streams per length bucket, greedy "
+        "search's batches of a bucket (default: 2 on a CPU of 2 or more cores, 1 on GPU/TPU); "
+        "translations do not depend on it",
     )
     parser.add_argument(
         "--overlong",

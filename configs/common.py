@@ -62,7 +62,8 @@ def base_config() -> ml_collections.ConfigDict:
             extra_length=defaults.extra_length,
             # None: tfm.translate.default_batch_tokens() for the backend decoding runs on
             batch_tokens=config_dict.placeholder(int),
-            # None: tfm.side_by_side.default_parts(): beam streams per bucket side by side
+            # None: tfm.side_by_side.default_parts(): searches side by side (beam: streams per
+            # bucket; greedy: a bucket's batches)
             streams=config_dict.placeholder(int),
             average_last=5,
             num_samples=6,

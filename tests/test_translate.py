@@ -98,10 +98,22 @@ def test_a_batch_that_needs_every_position_is_searched_again_with_all_of_them(be
         assert not outputs[row][length:].any()  # padding after the hypothesis
 
 
-def test_translations_do_not_depend_on_the_batch_size():
+@pytest.mark.parametrize("beam_size", [1, 2])
+def test_translations_do_not_depend_on_the_batch_size(beam_size, monkeypatch):
     """The default batch (None: sized for the backend) and any other, and any number of streams
     side by side, give the same outputs: filler rows, batch boundaries and the sentences that
-    share a stream never leak into a sentence's search."""
+    share a stream (beam search) or run beside each other in batches (greedy) never leak into a
+    sentence's search."""
+    from tfm import side_by_side
+
+    jobs_at_once = []
+    original = side_by_side.run_side_by_side
+
+    def recording(jobs):
+        jobs_at_once.append(len(jobs))
+        return original(jobs)
+
+    monkeypatch.setattr(side_by_side, "run_side_by_side", recording)
     config = tiny_model_config(40)
     model = Transformer(config)
     src = np.ones((1, 4), np.int32)
@@ -117,12 +129,13 @@ def test_translations_do_not_depend_on_the_batch_size():
             tokenizer,
             texts,
             translate.TranslateConfig(
-                beam_size=2, extra_length=6, batch_tokens=batch_tokens, streams=streams
+                beam_size=beam_size, extra_length=6, batch_tokens=batch_tokens, streams=streams
             ),
         )
         for batch_tokens, streams in ((None, None), (32, 1), (4096, 1), (32, 2), (32, 3))
     }
     assert len({tuple(out) for out in outputs.values()}) == 1, outputs
+    assert max(jobs_at_once) == 3  # the 3 streams or 3 batches of a bucket did run side by side
     assert outputs[None, None][-1] == ""
     assert outputs[32, 1] != [""] * len(texts)  # the model emits words: a real comparison
 

@@ -9,7 +9,8 @@ process) two searches at once, each on half the batch, decoded 1.20x (beam 4 SMA
 2,263 tok/s) and 1.13x (greedy, 5,658 -> 6,374) the tokens/s of the whole batch in one search,
 four parts less; the main job's test split (beam 4, `tfm.translate`) took 6.56 s warm with two
 streams per bucket against 8.14 s with one (three: 7.75 s), identical translations
-(`benchmarks/README.md`, round seventeen). On an accelerator one wide search is better;
+(`benchmarks/README.md`, round seventeen); greedy, two of a bucket's batches at once, 2.27-2.33
+against 2.65-2.69 s (round twenty-one). On an accelerator one wide search is better;
 `default_parts` says 1 there.
 """
 

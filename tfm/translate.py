@@ -35,10 +35,11 @@ class TranslateConfig:
     max_source_len: longest source in tokens, EOS included; longer lines are `overlong`.
     overlong: "truncate" (with a warning) or "error".
     length_buckets: padded source lengths; each is one compiled program.
-    streams: beam search's streams per length bucket, run side by side, each through its own
-      batch of slots and each with a share of the bucket's sentences (`tfm.side_by_side`);
-      None: `side_by_side.default_parts()` for the backend decoding runs on (2 on a CPU of 2
-      cores or more, 1 on an accelerator). Results do not depend on it.
+    streams: searches run side by side (`tfm.side_by_side`): beam search's streams per length
+      bucket, each through its own batch of slots with a share of the bucket's sentences;
+      greedy search's consecutive batches of one bucket. None: `side_by_side.default_parts()`
+      for the backend decoding runs on (2 on a CPU of 2 cores or more, 1 on an accelerator).
+      Results do not depend on it.
     """
 
     beam_size: int = decoding.PAPER_BEAM_SIZE
@@ -316,21 +317,61 @@ def translate_ids(
     plan = _plan(encoded, config)
     ahead = _CompileAhead(model, params, config, plan)
     try:
-        for part in plan:
-            ahead.wait_for((part.rows, part.length))
+        for group in _side_by_side_groups(plan, config):
+            ahead.wait_for((group[0].rows, group[0].length))
             if config.beam_size > 1:
-                found = _beam_search_bucket(model, params, encoded, part, config, progress)
+                found = _beam_search_bucket(model, params, encoded, group[0], config, progress)
             else:
-                batch = _padded([encoded[i] for i in part.sentences], part.rows, part.length)
-                ids = np.asarray(search_batch(model, params, batch, config).ids)
-                found = {i: ids[r] for r, i in enumerate(part.sentences)}
+                found = _greedy_batches(model, params, encoded, group, config)
                 if progress is not None:
-                    progress(len(part.sentences))
+                    progress(len(found))
             for i, ids in found.items():
                 outputs[i] = ids
     finally:
         ahead.close()
     return outputs
+
+
+def _side_by_side_groups(plan: list[_Batch], config: TranslateConfig) -> list[list[_Batch]]:
+    """The plan's batches in the groups that run at once: beam search runs one bucket at a time
+    (its streams are inside it); greedy search runs up to `config.streams` consecutive batches
+    of one shape side by side."""
+    if config.beam_size > 1:
+        return [[part] for part in plan]
+    streams = config.streams_on_this_backend()
+    groups: list[list[_Batch]] = []
+    for part in plan:
+        last = groups[-1] if groups else None
+        if (
+            last
+            and len(last) < streams
+            and (last[0].rows, last[0].length) == (part.rows, part.length)
+        ):
+            last.append(part)
+        else:
+            groups.append([part])
+    return groups
+
+
+def _greedy_batches(
+    model: Transformer,
+    params,
+    encoded: Sequence[Sequence[int]],
+    parts: Sequence[_Batch],
+    config: TranslateConfig,
+) -> dict[int, np.ndarray]:
+    """Output ids of every source in `parts` (batches of one shape), each batch its own greedy
+    `search_batch`, the batches side by side (`tfm.side_by_side`)."""
+
+    def search(part: _Batch) -> dict[int, np.ndarray]:
+        batch = _padded([encoded[i] for i in part.sentences], part.rows, part.length)
+        ids = np.asarray(search_batch(model, params, batch, config).ids)
+        return {i: ids[r] for r, i in enumerate(part.sentences)}
+
+    found: dict[int, np.ndarray] = {}
+    for result in side_by_side.run_side_by_side([lambda p=p: search(p) for p in parts]):
+        found.update(result)
+    return found
 
 
 def translate(
