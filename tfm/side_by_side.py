@@ -10,8 +10,8 @@ process) two searches at once, each on half the batch, decoded 1.20x (beam 4 SMA
 four parts less; the main job's test split (beam 4, `tfm.translate`) took 6.56 s warm with two
 streams per bucket against 8.14 s with one (three: 7.75 s), identical translations
 (`benchmarks/README.md`, round seventeen); greedy, two of a bucket's batches at once, 2.27-2.33
-against 2.65-2.69 s (round twenty-one). On an accelerator one wide search is better;
-`default_parts` says 1 there.
+against 2.65-2.69 s on a 2-core Intel Xeon (2026-12-04, round twenty-one). On an accelerator
+one wide search is better; `default_parts` says 1 there.
 """
 
 from __future__ import annotations
