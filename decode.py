@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _translate(args, lines: list[str], output) -> int:
-    from tfm import compilation_cache, translate, viz, workdir
+    from tfm import attention_maps, compilation_cache, translate, viz, workdir
 
     cache = compilation_cache.default_directory()
     compilation_cache.enable(
@@ -189,7 +189,7 @@ def _translate(args, lines: list[str], output) -> int:
         return 2
     print(f"loaded {loaded.description}", file=sys.stderr)
     if args.plot_attention:
-        attended = translate.translate_with_attention(
+        attended = attention_maps.translate_with_attention(
             loaded.model, loaded.params, loaded.tokenizer, args.sentence, config
         )
         viz.plot_attention(
