@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import itertools
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -254,10 +255,27 @@ def _beam_search_bucket(
         needs_more += [share[k] for k in more]
     for start in range(0, len(needs_more), part.rows):
         again = [part.sentences[k] for k in needs_more[start : start + part.rows]]
-        src = _padded([encoded[i] for i in again], part.rows, part.length)
-        ids = np.asarray(run_search(model, params, src, config).ids)
-        outputs.update({i: ids[r] for r, i in enumerate(again)})
+        outputs.update(
+            _search_padded(
+                run_search, model, params, encoded, _Batch(part.length, part.rows, again), config
+            )
+        )
     return outputs
+
+
+def _search_padded(
+    search: Callable,
+    model: Transformer,
+    params,
+    encoded: Sequence[Sequence[int]],
+    part: _Batch,
+    config: TranslateConfig,
+) -> dict[int, np.ndarray]:
+    """Output ids of each source in `part`, searched as one padded `[part.rows, part.length]`
+    batch by `search` (`run_search` or `search_batch`)."""
+    src = _padded([encoded[i] for i in part.sentences], part.rows, part.length)
+    ids = np.asarray(search(model, params, src, config).ids)
+    return {i: ids[r] for r, i in enumerate(part.sentences)}
 
 
 def _thread_safe(progress: Callable[[int], None] | None) -> Callable[[int], None] | None:
@@ -315,9 +333,11 @@ def translate_ids(
     length into a few padded shapes so the decoder compiles a few programs."""
     outputs: list[np.ndarray | None] = [None] * len(encoded)
     plan = _plan(encoded, config)
+    # beam search runs a bucket's streams inside `_beam_search_bucket`
+    streams = config.streams_on_this_backend() if config.beam_size == 1 else 1
     ahead = _CompileAhead(model, params, config, plan)
     try:
-        for group in _side_by_side_groups(plan, config):
+        for group in _side_by_side_groups(plan, streams):
             ahead.wait_for((group[0].rows, group[0].length))
             if config.beam_size > 1:
                 found = _beam_search_bucket(model, params, encoded, group[0], config, progress)
@@ -332,24 +352,13 @@ def translate_ids(
     return outputs
 
 
-def _side_by_side_groups(plan: list[_Batch], config: TranslateConfig) -> list[list[_Batch]]:
-    """The plan's batches in the groups that run at once: beam search runs one bucket at a time
-    (its streams are inside it); greedy search runs up to `config.streams` consecutive batches
-    of one shape side by side."""
-    if config.beam_size > 1:
-        return [[part] for part in plan]
-    streams = config.streams_on_this_backend()
+def _side_by_side_groups(plan: list[_Batch], streams: int) -> list[list[_Batch]]:
+    """The plan's batches in groups that run at once: up to `streams` consecutive batches of one
+    shape (the plan is sorted by length, so a shape's batches are consecutive)."""
     groups: list[list[_Batch]] = []
-    for part in plan:
-        last = groups[-1] if groups else None
-        if (
-            last
-            and len(last) < streams
-            and (last[0].rows, last[0].length) == (part.rows, part.length)
-        ):
-            last.append(part)
-        else:
-            groups.append([part])
+    for _, same_shape in itertools.groupby(plan, key=lambda part: (part.rows, part.length)):
+        same_shape = list(same_shape)
+        groups += [same_shape[k : k + streams] for k in range(0, len(same_shape), streams)]
     return groups
 
 
@@ -362,14 +371,10 @@ def _greedy_batches(
 ) -> dict[int, np.ndarray]:
     """Output ids of every source in `parts` (batches of one shape), each batch its own greedy
     `search_batch`, the batches side by side (`tfm.side_by_side`)."""
-
-    def search(part: _Batch) -> dict[int, np.ndarray]:
-        batch = _padded([encoded[i] for i in part.sentences], part.rows, part.length)
-        ids = np.asarray(search_batch(model, params, batch, config).ids)
-        return {i: ids[r] for r, i in enumerate(part.sentences)}
-
     found: dict[int, np.ndarray] = {}
-    for result in side_by_side.run_side_by_side([lambda p=p: search(p) for p in parts]):
+    for result in side_by_side.run_side_by_side(
+        [lambda p=p: _search_padded(search_batch, model, params, encoded, p, config) for p in parts]
+    ):
         found.update(result)
     return found
 
