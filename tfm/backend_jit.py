@@ -18,14 +18,22 @@ from typing import Any
 
 import jax
 
+from tfm import saved_programs
+
 DECODING_CPU_OPTIONS = {"xla_backend_optimization_level": 2}
-_OWN_FIELDS = frozenset({"_fun", "_cpu_options", "_jit_kwargs", "_jitted", "_lock"})
+_OWN_FIELDS = frozenset(
+    {"_fun", "_cpu_options", "_jit_kwargs", "_jitted", "_lock", "_static", "_programs"}
+)
+_MISSING = object()
 
 
 class CpuTunedJit:
     """`jax.jit(fun, **jit_kwargs)`, compiled with `cpu_options` when JAX's default backend is
     the CPU and with XLA's defaults on any other. Any other attribute (`lower`, `eval_shape`,
-    ...) is that of the jitted function for the current default backend."""
+    ...) is that of the jitted function for the current default backend.
+
+    With JAX's persistent compilation cache on, each program is also saved compiled
+    (`tfm.saved_programs`), and a later process loads it instead of tracing it."""
 
     def __init__(self, fun: Callable, cpu_options: Mapping[str, Any], jit_kwargs: dict):
         self._fun, self._cpu_options, self._jit_kwargs = fun, dict(cpu_options), jit_kwargs
@@ -33,6 +41,9 @@ class CpuTunedJit:
         # translate.py compiles on a background thread while the caller's thread decodes: one
         # jitted function per backend, or the two would compile the same program twice
         self._lock = threading.Lock()
+        self._static = saved_programs.static_parameters(fun, jit_kwargs)
+        # signature -> compiled program, or None for one not saved (`tfm.saved_programs`)
+        self._programs: dict[tuple, Any] = {}
         functools.update_wrapper(self, fun)
 
     @property
@@ -51,7 +62,29 @@ class CpuTunedJit:
             return self._jitted[backend]
 
     def __call__(self, *args, **kwargs):
-        return self.for_backend(jax.default_backend())(*args, **kwargs)
+        jitted = self.for_backend(jax.default_backend())
+        root = saved_programs.directory()
+        if root is None:
+            return jitted(*args, **kwargs)
+        call = saved_programs.split_call(self._static, args, kwargs)
+        try:
+            program = self._programs.get(call.signature, _MISSING)
+        except TypeError:  # an unhashable static argument: jax.jit says so
+            return jitted(*args, **kwargs)
+        if program is _MISSING:
+            options = self._cpu_options if jax.default_backend() == "cpu" else None
+            program = saved_programs.load_or_compile(
+                root,
+                self._fun,
+                self._jit_kwargs,
+                options,
+                call,
+                compile=lambda: jitted.lower(*args, **kwargs).compile(),
+            )
+            self._programs[call.signature] = program
+        if program is None:
+            return jitted(*args, **kwargs)
+        return program(*call.dynamic_args, **call.dynamic_kwargs)
 
     def __getattr__(self, name: str):
         if name in _OWN_FIELDS:  # looked up before __init__ set them (copy, pickle)

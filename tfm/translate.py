@@ -296,7 +296,8 @@ class _CompileAhead:
     background thread, so the next bucket's program compiles while the current bucket decodes
     (in a first run, compiling was ~40% of the time). Each program is compiled by running the
     jitted search once on an all-padding batch, which is finished before its first step: jit's
-    own cache then holds it, for this call and every later one."""
+    own cache (or with a compilation cache, `tfm.saved_programs`' memory) then holds it, for
+    this call and every later one."""
 
     def __init__(self, model: Transformer, params, config: TranslateConfig, plan: list[_Batch]):
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfm-compile")
