@@ -103,8 +103,8 @@ class Trainer:
         self.batch = jax.device_put(training_batch(w))
         params = initial_params(w, seed)
         # before the Adam moments exist, as torch's trainer evaluates (its moments come with the
-        # first step); evaluated beside them, the evaluation's program left 12-22 MB more
-        # resident beneath the step's peak at BASE
+        # first step); evaluated after them, BASE's set-up and first step peaked at 1,550 MB,
+        # against 1,523-1,528 MB now (benchmarks/README.md, round twenty-three)
         self.initial_loss = _initial_loss(w, params, self.batch)
         host_memory.return_freed_memory()
         self.state = training.TrainState(
