@@ -1,4 +1,4 @@
-"""The command line of translation (`tfm.translate`) from a workdir that train.py wrote:
+"""The command line of translation (`tfm.inference.translate`) from a workdir that train.py wrote:
 translate files or stdin, score BLEU, and draw attention maps.
 
     python decode.py --workdir DIR [--input FILE] [--output FILE] [--reference FILE]
@@ -21,12 +21,12 @@ import pathlib
 import sys
 
 if __name__ == "__main__":  # first thing: see tfm/host_memory.py
-    from tfm import host_memory
+    from tfm.xla_cpu import host_memory
 
     host_memory.restart_with_huge_page_malloc()
 
 from tfm.data.corpus import decode_lines  # noqa: E402
-from tfm.translate import TranslateConfig  # noqa: E402
+from tfm.inference.translate import TranslateConfig  # noqa: E402
 
 DEFAULTS = TranslateConfig()
 
@@ -164,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _translate(args, lines: list[str], output) -> int:
-    from tfm import attention_maps, compilation_cache, translate, viz, workdir
+    from tfm import compilation_cache, viz
+    from tfm.inference import attention_maps, translate
+    from tfm.job import workdir
 
     cache = compilation_cache.default_directory()
     compilation_cache.enable(

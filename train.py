@@ -1,4 +1,4 @@
-"""The command line of the training job (`tfm.trainer`): read a config file once, train a
+"""The command line of the training job (`tfm.job.trainer`): read a config file once, train a
 Transformer, then translate and score the test split.
 
     python train.py [--config configs/NAME.py] [--workdir DIR] [--config.key=value ...]
@@ -12,7 +12,7 @@ import re
 import sys
 
 if __name__ == "__main__":  # first thing: see tfm/host_memory.py
-    from tfm import host_memory
+    from tfm.xla_cpu import host_memory
 
     host_memory.restart_with_huge_page_malloc()
 
@@ -65,10 +65,11 @@ FLAGS = flags.FLAGS
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax logs every file operation at INFO
-    from tfm import compilation_cache, trainer
-    from tfm.checkpoint import CheckpointError
-    from tfm.job import job_config_from
-    from tfm.workdir import WorkdirError
+    from tfm import compilation_cache
+    from tfm.job import trainer
+    from tfm.job.checkpoint import CheckpointError
+    from tfm.job.config import job_config_from
+    from tfm.job.workdir import WorkdirError
 
     workdir = FLAGS.workdir or str(
         ROOT / "workdirs" / pathlib.Path(flags.FLAGS["config"].config_filename).stem

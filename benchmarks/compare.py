@@ -42,7 +42,7 @@ if HERE not in sys.path:
 from goals import judged as judged_goals  # noqa: E402
 from peers.workloads import WORKLOADS, Workload, agreement, forward_flops  # noqa: E402
 
-from tfm import host_memory  # noqa: E402
+from tfm.xla_cpu import host_memory  # noqa: E402
 
 # system -> (worker process, module, constructor options)
 SYSTEMS = {

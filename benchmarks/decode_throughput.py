@@ -17,8 +17,10 @@ import time
 
 import jax
 import numpy as np
+from uncached_greedy import greedy_search_uncached
 
-from tfm import ModelConfig, Transformer, decoding
+from tfm import ModelConfig, Transformer
+from tfm.inference import decoding
 
 SHAPES = {
     "small": dict(
@@ -76,7 +78,7 @@ def main() -> None:
         ),
     }
     if not args.skip_naive:
-        runs["greedy_uncached"] = lambda: decoding.greedy_search_uncached(
+        runs["greedy_uncached"] = lambda: greedy_search_uncached(
             model, params, src, eos_id=None, extra_length=extra
         )
     # Early exit: same shapes, but sentences of 8 real tokens finish after 8 + extra steps.

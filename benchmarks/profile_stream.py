@@ -1,7 +1,7 @@
 """Where beam search over a real file spends its time: a `jax.profiler` trace of one length
-bucket of a trained workdir's split streamed through `tfm.slots` (as `tfm.translate` runs it),
-summed per compiled HLO op as `profile_ops.py` does. Prints one JSON object: wall time, steps,
-op time per step and the top ops.
+bucket of a trained workdir's split streamed through `tfm.inference.slots` (as
+`tfm.inference.translate` runs it), summed per compiled HLO op as `profile_ops.py` does. Prints one
+JSON object: wall time, steps, op time per step and the top ops.
 
     python benchmarks/profile_stream.py --workdir workdirs/default --data_dir data [--bucket 16]
 """
@@ -31,10 +31,10 @@ def main() -> None:
     import numpy as np
     from profile_ops import MATMUL, hlo_ops, traced_ops
 
-    from tfm import slots, translate
     from tfm.data.prepare import prepare
+    from tfm.inference import slots, translate
+    from tfm.job.workdir import load, scored_average
     from tfm.tokens import EOS_ID
-    from tfm.workdir import load, scored_average
 
     loaded = load(args.workdir, average=scored_average(args.workdir))
     data = prepare(loaded.card.dataset, args.data_dir, loaded.model.config.vocab_size)

@@ -1,8 +1,8 @@
 """A real file, end to end: translate a trained workdir's test split (text in, text out,
-tokenization and batching included) with beam 4 through tfm (`tfm.translate`, as decode.py runs
-it) and through its CTranslate2 (float32, int8) and Hugging Face exports (`tfm.export`), in
-interleaved rounds, and print JSON: sentences/s (median over rounds, and tfm's first run with
-compilation counted separately) and each system's test-split sacreBLEU.
+tokenization and batching included) with beam 4 through tfm (`tfm.inference.translate`, as
+decode.py runs it) and through its CTranslate2 (float32, int8) and Hugging Face exports
+(`tfm.export`), in interleaved rounds, and print JSON: sentences/s (median over rounds, and tfm's
+first run with compilation counted separately) and each system's test-split sacreBLEU.
 
     pip install -e '.[export]'
     python benchmarks/translate_file.py --workdir workdirs/default [--rounds 3] [--out FILE]
@@ -40,7 +40,7 @@ BEAM = 4
 
 
 class LoadedForTranslation(NamedTuple):
-    loaded: Any  # a tfm.workdir.Loaded, as decode.py loads it (imported lazily, after jax)
+    loaded: Any  # a tfm.job.workdir.Loaded, as decode.py loads it (imported lazily, after jax)
     translate: Callable[[list[str]], list[str]]  # lines -> translations, as decode.py runs it
     checkpoints_averaged: int  # those the workdir's final evaluation averaged
     pairs: list[tuple[str, str]]  # the split's (source, reference) pairs
@@ -50,9 +50,9 @@ def _tfm(workdir: str, data_dir: str, split: str, limit: int) -> LoadedForTransl
     """The workdir's model and its split, checked to be the data the workdir was trained on."""
     import jax
 
-    from tfm import translate
     from tfm.data.prepare import prepare
-    from tfm.workdir import load, scored_average
+    from tfm.inference import translate
+    from tfm.job.workdir import load, scored_average
 
     average = scored_average(workdir)
     loaded = load(workdir, average=average)
@@ -142,13 +142,13 @@ def _systems(workdir: str, tfm_translate, average: int, exported: str, threads: 
 
 def _first_run(workdir: str, data_dir: str, split: str, limit: int, cache: str) -> None:
     """In a fresh process: load, enable the persistent compilation cache at `cache`, and print
-    the seconds of the first `tfm.translate` of the split (JSON on the last line)."""
+    the seconds of the first `tfm.inference.translate` of the split (JSON on the last line)."""
     from tfm import compilation_cache
 
     compilation_cache.enable(cache)
     tfm = _tfm(workdir, data_dir, split, limit)
     start = time.perf_counter()
-    tfm.translate([source for source, _ in tfm.pairs])
+    tfm.inference.translate([source for source, _ in tfm.pairs])
     print(json.dumps(dict(seconds=time.perf_counter() - start)))
 
 
@@ -187,14 +187,19 @@ def main() -> None:
         _first_run(args.workdir, args.data_dir, args.split, args.limit, args.first_run_in)
         return
     first_runs = _first_runs(args)
-    from tfm.translate import score
+    from tfm.inference.translate import score
 
     threads = len(os.sched_getaffinity(0))
     tfm = _tfm(args.workdir, args.data_dir, args.split, args.limit)
     sources, references = [s for s, _ in tfm.pairs], [t for _, t in tfm.pairs]
     with tempfile.TemporaryDirectory(prefix="tfm-export-") as exported:
         systems = _systems(
-            args.workdir, tfm.translate, tfm.checkpoints_averaged, exported, threads, args.hf_batch
+            args.workdir,
+            tfm.inference.translate,
+            tfm.checkpoints_averaged,
+            exported,
+            threads,
+            args.hf_batch,
         )
         seconds: dict[str, list[float]] = {name: [] for name in systems}
         outputs: dict[str, list[str]] = {"tfm": systems["tfm"](sources)}  # compiles, untimed
@@ -249,7 +254,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from tfm import host_memory
+    from tfm.xla_cpu import host_memory
 
     host_memory.restart_with_huge_page_malloc()  # as decode.py runs: tfm/host_memory.py
     main()

@@ -6,7 +6,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from tfm import config as presets
-from tfm.translate import TranslateConfig
+from tfm.inference.translate import TranslateConfig
 
 
 def model_block(model: presets.ModelConfig) -> ml_collections.ConfigDict:
@@ -60,10 +60,10 @@ def base_config() -> ml_collections.ConfigDict:
             beam_size=defaults.beam_size,
             alpha=defaults.alpha,
             extra_length=defaults.extra_length,
-            # None: tfm.translate.default_batch_tokens() for the backend decoding runs on
+            # None: tfm.inference.translate.default_batch_tokens() for the backend decoding runs on
             batch_tokens=config_dict.placeholder(int),
-            # None: tfm.side_by_side.default_parts(): searches side by side (beam: streams per
-            # bucket; greedy: a bucket's batches)
+            # None: tfm.xla_cpu.side_by_side.default_parts(): searches side by side (beam: streams
+            # per bucket; greedy: a bucket's batches)
             streams=config_dict.placeholder(int),
             average_last=5,
             num_samples=6,

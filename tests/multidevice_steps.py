@@ -13,7 +13,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from conftest import tiny_model_config  # noqa: E402  (run as a script from tests/)
 
-from tfm import Transformer, parallel, training  # noqa: E402
+from tfm import Transformer, training  # noqa: E402
+from tfm.job import parallel  # noqa: E402
 
 
 def batch(rows=16, length=8, vocab=64, seed=0):

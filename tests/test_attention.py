@@ -93,11 +93,7 @@ def test_causal_mask_is_lower_triangular():
 
 
 def test_padding_and_segment_masks():
-    q_valid = np.array([[True, True, False]])
     kv_valid = np.array([[True, False]])
-    mask = np.asarray(attn.padding_mask(q_valid, kv_valid))
-    assert mask.shape == (1, 1, 3, 2)
-    np.testing.assert_array_equal(mask[0, 0], [[True, False], [True, False], [False, False]])
     np.testing.assert_array_equal(
         np.asarray(attn.key_padding_mask(kv_valid))[0, 0, 0], [True, False]
     )
@@ -105,14 +101,3 @@ def test_padding_and_segment_masks():
     seg = np.asarray(attn.segment_mask(segments, segments))[0, 0]
     expected = np.array([[a == b and a > 0 for b in segments[0]] for a in segments[0]])
     np.testing.assert_array_equal(seg, expected)
-
-
-def test_split_and_merge_heads_round_trip():
-    x = np.arange(2 * 3 * 12, dtype=np.float32).reshape(2, 3, 12)
-    split = attn.split_heads(x, 4)
-    assert split.shape == (2, 3, 4, 3)
-    # head i holds columns [3i, 3i+3): the layout of Concat(head_1, ..., head_h)
-    np.testing.assert_array_equal(split[:, :, 1], x[:, :, 3:6])
-    np.testing.assert_array_equal(attn.merge_heads(split), x)
-    with pytest.raises(ValueError, match="num_heads"):
-        attn.split_heads(x, 5)

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tfm import decoding, slots
-from tfm.backend_jit import DECODING_CPU_OPTIONS, CpuTunedJit, cpu_tuned_jit
+from tfm.inference import decoding, slots
+from tfm.xla_cpu.backend_jit import DECODING_CPU_OPTIONS, CpuTunedJit, cpu_tuned_jit
 
 
 def _scaled(x, factor):
@@ -58,7 +58,6 @@ def test_the_decoding_programs_compile_with_llvm_level_2_on_the_cpu():
         decoding.greedy_search,
         decoding.sample,
         decoding.beam_search,
-        decoding.greedy_search_uncached,
         slots.stream,
     ]
     for program in programs:

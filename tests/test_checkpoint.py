@@ -2,8 +2,8 @@ import jax
 import numpy as np
 import pytest
 
-from tfm import checkpoint as ckpt
 from tfm import metrics
+from tfm.job import checkpoint as ckpt
 
 
 def _state(seed):

@@ -5,8 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from benchmarks.uncached_greedy import greedy_search_uncached
 from tests.conftest import tiny_model_config
-from tfm import Transformer, decoding
+from tfm import Transformer
+from tfm.inference import decoding
 from tfm.tokens import BOS_ID, PAD_ID
 
 SRC = np.array([[5, 6, 7, 8, 0, 0], [9, 10, 0, 0, 0, 0], [11, 12, 13, 14, 15, 16]])
@@ -29,7 +31,7 @@ def test_cached_greedy_equals_uncached_greedy():
     for seed in range(3):
         model, params = _model(seed)
         cached = decoding.greedy_search(model, params, SRC, eos_id=None, extra_length=7, chunk=4)
-        naive = decoding.greedy_search_uncached(model, params, SRC, eos_id=None, extra_length=7)
+        naive = greedy_search_uncached(model, params, SRC, eos_id=None, extra_length=7)
         width = naive.ids.shape[1]
         np.testing.assert_array_equal(cached.ids[:, :width], naive.ids)
         np.testing.assert_array_equal(cached.ids[:, width:], PAD_ID)

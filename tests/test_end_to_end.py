@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from tests.e2e_corpus import write_corpus
-from tfm import saved_programs
-from tfm.checkpoint import Checkpointer
+from tfm.job.checkpoint import Checkpointer
+from tfm.xla_cpu import saved_programs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -71,7 +71,7 @@ def _prepared(tmp_path):
 
 
 def _digest(workdir) -> dict[int, str]:
-    out = _run([sys.executable, "-m", "tfm.checkpoint", "info", str(workdir)], timeout=300)
+    out = _run([sys.executable, "-m", "tfm.job.checkpoint", "info", str(workdir)], timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line.split() for line in out.stdout.splitlines()[1:]]
     return {int(step): digest for step, digest in rows}
@@ -82,8 +82,8 @@ def _check_validation_bleu(tmp_path, workdir, records) -> None:
     recomputed here from the step's checkpoint with the sacrebleu library."""
     import sacrebleu
 
-    from tfm import translate
-    from tfm.workdir import load
+    from tfm.inference import translate
+    from tfm.job.workdir import load
 
     scored = {
         r["step"]: r["sacrebleu"] for r in records if r["kind"] == "eval" and "sacrebleu" in r

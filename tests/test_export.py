@@ -20,15 +20,15 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from tests.e2e_corpus import write_corpus  # noqa: E402
-from tfm import translate  # noqa: E402
 from tfm.config import ModelConfig  # noqa: E402
-from tfm.decoding import max_output_lengths  # noqa: E402
 from tfm.export import ct2, hf  # noqa: E402
 from tfm.export.__main__ import main as export_main  # noqa: E402
 from tfm.export.weights import ExportError, check_exportable, from_tfm_params  # noqa: E402
+from tfm.inference import translate  # noqa: E402
+from tfm.inference.decoding import max_output_lengths  # noqa: E402
+from tfm.job.workdir import load  # noqa: E402
 from tfm.model import Transformer  # noqa: E402
 from tfm.tokens import EOS_ID, PAD_ID  # noqa: E402
-from tfm.workdir import load  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ODD_TEXT = [

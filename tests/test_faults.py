@@ -17,13 +17,13 @@ import pytest
 
 from tests.e2e_corpus import write_corpus
 from tests.mo_files import write_mo
-from tfm import checkpoint as ckpt
 from tfm import training
 from tfm.config import ModelConfig
 from tfm.data import corpus as corpora
 from tfm.data import gettext_catalogs, prepare, sources
-from tfm.train_log import TrainLog
-from tfm.workdir import ModelCard, Workdir, WorkdirError, check_resume, exclusive, start_over
+from tfm.job import checkpoint as ckpt
+from tfm.job.train_log import TrainLog
+from tfm.job.workdir import ModelCard, Workdir, WorkdirError, check_resume, exclusive, start_over
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -135,7 +135,7 @@ def test_a_second_writer_fails_naming_the_holder_and_a_killed_one_frees_the_lock
         [
             sys.executable,
             "-c",
-            "import sys, time; from tfm.workdir import Workdir, exclusive\n"
+            "import sys, time; from tfm.job.workdir import Workdir, exclusive\n"
             f"with exclusive(Workdir({str(workdir.root)!r})):\n"
             "    print('locked', flush=True); time.sleep(600)",
         ],
@@ -223,10 +223,10 @@ def test_verify_command_and_decode_loading_notice_damage(tmp_path):
     saver = ckpt.Checkpointer(tmp_path)
     for step in (1, 2):
         saver.save(step, _train_state(step))
-    ok = _run(["-m", "tfm.checkpoint", "verify", str(tmp_path)])
+    ok = _run(["-m", "tfm.job.checkpoint", "verify", str(tmp_path)])
     assert ok.returncode == 0 and "2 verified, 0 damaged" in ok.stdout
     _tamper_with_stored_digest(tmp_path, 2, "opt_state")
-    bad = _run(["-m", "tfm.checkpoint", "verify", str(tmp_path)])
+    bad = _run(["-m", "tfm.job.checkpoint", "verify", str(tmp_path)])
     assert bad.returncode == 1 and "DAMAGED" in bad.stdout and "opt_state" in bad.stdout
     with pytest.raises(ckpt.CheckpointError, match="damaged: opt_state"):
         ckpt.Checkpointer(tmp_path, read_only=True).restore_params(2)
@@ -331,7 +331,7 @@ def test_directories_and_broken_links_named_mo_are_skipped_and_counted(tmp_path)
 def _job_config(**overrides):
     sys.path.insert(0, str(ROOT))
     from configs import default
-    from tfm.job import job_config_from
+    from tfm.job.config import job_config_from
 
     config = default.get_config()
     config.unlock()

@@ -1,6 +1,6 @@
-"""tfm.host_memory: a process restarted with glibc's huge-page malloc faults in a train step's
-scratch buffer in 2 MiB pages instead of 4 KiB ones (counted by the kernel: minor page faults),
-without holding more memory than glibc's defaults; memory freed into the heap can be handed
+"""tfm.xla_cpu.host_memory: a process restarted with glibc's huge-page malloc faults in a train
+step's scratch buffer in 2 MiB pages instead of 4 KiB ones (counted by the kernel: minor page
+faults), without holding more memory than glibc's defaults; memory freed into the heap can be handed
 back to the system."""
 
 import mmap
@@ -13,12 +13,12 @@ import textwrap
 import pytest
 
 from tests.subprocess_json import ROOT, last_json_line
-from tfm import host_memory
+from tfm.xla_cpu import host_memory
 
 PROGRAM = textwrap.dedent(
     """
     import json, os, resource, sys
-    from tfm import host_memory
+    from tfm.xla_cpu import host_memory
     if sys.argv[1] == "huge_pages":
         host_memory.restart_with_huge_page_malloc()
     import functools

@@ -9,14 +9,14 @@ import pytest
 from tests import reference
 from tfm import attention as attn
 from tfm.config import ModelConfig
-from tfm.dropout import Dropout, threefry2x32
 from tfm.layers import (
     EncoderLayer,
     FeedForward,
     MultiHeadAttention,
     sinusoidal_encoding,
 )
-from tfm.matmul import linear, tied_logits
+from tfm.xla_cpu.dropout import Dropout, threefry2x32
+from tfm.xla_cpu.matmul import linear, tied_logits
 
 
 def test_sinusoidal_encoding_matches_section_3_5():

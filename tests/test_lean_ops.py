@@ -1,5 +1,5 @@
-"""tfm.lean_ops: the same values as the Flax / jax.nn computations they replace, and gradients
-that match central differences of a float64 NumPy forward (an independent derivation)."""
+"""tfm.xla_cpu.lean_ops: the same values as the Flax / jax.nn computations they replace, and
+gradients that match central differences of a float64 NumPy forward (an independent derivation)."""
 
 import textwrap
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.subprocess_json import run_python
-from tfm import lean_ops
+from tfm.xla_cpu import lean_ops
 
 
 def _numeric_vjp(f, inputs, cotangent, step=1e-6):
@@ -155,7 +155,7 @@ SHARDED_RELU = textwrap.dedent(
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     import jax, jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from tfm import lean_ops
+    from tfm.xla_cpu import lean_ops
     mesh = Mesh(jax.devices(), ("data",))
     x = jax.device_put(jnp.ones((64, 32, 256)), NamedSharding(mesh, P("data")))
     w = jax.device_put(jnp.ones((256, 512)), NamedSharding(mesh, P()))

@@ -3,7 +3,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from tests.subprocess_json import ROOT, run_python
-from tfm import parallel
+from tfm.job import parallel
 
 TOLERANCE = 1e-5  # float32: sharded reductions add in a different order
 

@@ -1,5 +1,5 @@
-"""tfm.saved_programs: a decoding program compiled in one process is loaded, untraced, by the
-next, and only when everything it was traced from is the same."""
+"""tfm.xla_cpu.saved_programs: a decoding program compiled in one process is loaded, untraced, by
+the next, and only when everything it was traced from is the same."""
 
 import warnings
 
@@ -10,9 +10,10 @@ import pytest
 
 from tests.conftest import tiny_model_config
 from tests.subprocess_json import run_python
-from tfm import saved_programs, slots, translate
-from tfm.backend_jit import CpuTunedJit
+from tfm.inference import slots, translate
 from tfm.model import Transformer
+from tfm.xla_cpu import saved_programs
+from tfm.xla_cpu.backend_jit import CpuTunedJit
 
 
 class _Counted:
@@ -150,6 +151,6 @@ def test_translations_from_saved_programs_are_jits(store, monkeypatch, beam_size
 
 
 def _decoding_programs():
-    from tfm import decoding
+    from tfm.inference import decoding
 
     return [value for value in vars(decoding).values() if isinstance(value, CpuTunedJit)]

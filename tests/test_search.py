@@ -1,5 +1,5 @@
-"""The searches of `tfm.search` with a hand-made model: a 5-token second-order Markov chain
-whose step function reads the token before last from its cache, so a search that reorders the
+"""The searches of `tfm.inference.search` with a hand-made model: a 5-token second-order Markov
+chain whose step function reads the token before last from its cache, so a search that reorders the
 cache wrongly scores the wrong hypotheses. Checked against exhaustive enumeration in NumPy."""
 
 import itertools
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from tfm import search
+from tfm.inference import search
 from tfm.tokens import BOS_ID, EOS_ID, PAD_ID
 
 A, B = 3, 4  # the two content tokens; 0 PAD, 1 BOS, 2 EOS complete the 5-token vocabulary
@@ -124,7 +124,7 @@ def test_a_cache_that_ignores_the_reorder_scores_the_wrong_hypotheses():
 
 
 def test_first_argmax_is_numpys_argmax_with_ties_infinities_and_nans():
-    from tfm.search import first_argmax
+    from tfm.inference.search import first_argmax
 
     rng = np.random.default_rng(0)
     rows = rng.integers(-3, 4, size=(200, 37)).astype(np.float32)  # many tied maxima
@@ -139,7 +139,7 @@ def test_first_argmax_is_numpys_argmax_with_ties_infinities_and_nans():
 
 
 def test_token_log_probs_is_numpys_log_softmax_at_the_tokens():
-    from tfm.search import token_log_probs
+    from tfm.inference.search import token_log_probs
 
     rng = np.random.default_rng(1)
     logits = rng.normal(scale=4.0, size=(6, 500)).astype(np.float32)
@@ -154,7 +154,7 @@ def test_token_log_probs_is_numpys_log_softmax_at_the_tokens():
 
 
 def test_top_k_in_chunks_is_lax_top_k_with_ties_and_infinities():
-    from tfm.search import top_k_in_chunks
+    from tfm.inference.search import top_k_in_chunks
 
     rng = np.random.default_rng(2)
     for n, k, chunk in [(1000, 8, 16), (4000, 8, 64), (4003, 6, 64), (300, 8, 64), (2048, 1, 8)]:

@@ -1,5 +1,5 @@
-"""tfm.side_by_side: searches run at once on threads, and a batch searched in parts gives each
-row the result of the one search over the whole batch."""
+"""tfm.xla_cpu.side_by_side: searches run at once on threads, and a batch searched in parts gives
+each row the result of the one search over the whole batch."""
 
 import threading
 
@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import tiny_model_config
-from tfm import Transformer, decoding, side_by_side
+from tfm import Transformer
+from tfm.inference import decoding
+from tfm.xla_cpu import side_by_side
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""Continuous batching (`tfm.slots`): sentences streamed through a few slots get exactly the
-results of `tfm.decoding.beam_search` on each sentence."""
+"""Continuous batching (`tfm.inference.slots`): sentences streamed through a few slots get exactly
+the results of `tfm.inference.decoding.beam_search` on each sentence."""
 
 import collections
 
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import tiny_model_config
-from tfm import Transformer, decoding, slots
+from tfm import Transformer
+from tfm.inference import decoding, slots
 from tfm.tokens import EOS_ID
 
 SRC_LEN = 8

@@ -10,6 +10,7 @@ from tests.conftest import tiny_model_config
 from tfm import Transformer, training
 from tfm import loss as tfm_loss
 from tfm.tokens import BOS_ID, EOS_ID
+from tfm.xla_cpu import loss as kit_loss
 
 
 def test_schedule_matches_eq3():
@@ -112,10 +113,11 @@ def _numpy_tied_output_loss(states, table, targets, eps):
     return loss, nll, count, states_grad, table_grad
 
 
-@pytest.mark.parametrize("chunk_bytes", [1, 2**30])  # the most chunks allowed, and one
-def test_tied_output_cross_entropy_matches_numpy(chunk_bytes):
-    """The output layer and loss as one operation (chunked, gradients made in the forward pass)
-    against z = states E^T, the smoothed loss and its chain rule in NumPy."""
+@pytest.mark.parametrize("chunk_bytes", [None, 1, 2**30])  # the core's; the kit's most chunks, one
+def test_output_loss_matches_numpy(chunk_bytes):
+    """The output layer and loss, the core's (`tfm.loss`) and the XLA:CPU kit's (chunked,
+    gradients made in the forward pass), against z = states E^T, the smoothed loss and its chain
+    rule in NumPy."""
     rng = np.random.default_rng(2)
     batch, length, d_model, vocab, eps = 4, 12, 4, 13, 0.1
     states = jnp.asarray(rng.normal(size=(batch, length, d_model)).astype(np.float32))
@@ -123,37 +125,37 @@ def test_tied_output_cross_entropy_matches_numpy(chunk_bytes):
     targets = rng.integers(1, vocab, (batch, length))
     targets[0, 5:] = 0
     targets[3, 1:] = 0
-    chunks = tfm_loss.length_chunks(batch, length, vocab, d_model, chunk_bytes)
-    assert chunks == (6 if chunk_bytes == 1 else 1)  # 6: 8 tokens each, the fewest (2 d_model)
+    if chunk_bytes is not None:
+        chunks = kit_loss.length_chunks(batch, length, vocab, d_model, chunk_bytes)
+        assert chunks == (6 if chunk_bytes == 1 else 1)  # 6: 8 tokens each, the fewest (2 d_model)
 
     def terms(s, e):
-        return tfm_loss.tied_output_cross_entropy(s, e, jnp.asarray(targets), eps, chunk_bytes)
+        if chunk_bytes is None:
+            return tfm_loss.output_loss_sums(s, e, jnp.asarray(targets), eps)
+        return kit_loss.output_loss_sums(s, e, jnp.asarray(targets), eps, chunk_bytes)
 
     loss, nll, count, states_grad, table_grad = _numpy_tied_output_loss(states, table, targets, eps)
     got = terms(states, table)
-    np.testing.assert_allclose(got["loss"], loss, rtol=1e-5)
-    np.testing.assert_allclose(got["nll"], nll, rtol=1e-5)
-    assert float(got["tokens"]) == count
-    # the backward pass scales the forward pass's gradients by the loss's cotangent (here 3)
-    grads = jax.grad(lambda s, e: 3 * terms(s, e)["loss"], argnums=(0, 1))(states, table)
+    np.testing.assert_allclose(got[0], loss, rtol=1e-5)
+    np.testing.assert_allclose(got[1], nll, rtol=1e-5)
+    # the backward pass scales the gradients by the loss's cotangent (here 3)
+    grads = jax.grad(lambda s, e: 3 * terms(s, e)[0], argnums=(0, 1))(states, table)
     np.testing.assert_allclose(grads[0], 3 * states_grad, atol=2e-5)
     np.testing.assert_allclose(grads[1], 3 * table_grad, atol=2e-5)
-    # nll is reported, not trained on
-    assert not np.any(jax.grad(lambda s: terms(s, table)["nll"])(states))
 
 
 def test_length_chunks_fit_the_byte_budget_above_the_fewest_tokens():
     # SMALL benchmark batch: 32 x 64 targets, vocab 8000, 16 MiB -> 4 chunks of 16 positions
     # (32 x 16 x 8000 x 4 bytes = 15.6 MiB; 2 chunks would be 31 MiB)
-    assert tfm_loss.length_chunks(32, 64, 8000, 256, 16 * 2**20) == 4
+    assert kit_loss.length_chunks(32, 64, 8000, 256, 16 * 2**20) == 4
     # BASE benchmark batch, 8 x 64: 4 chunks would fit 16 MiB but hold 128 < 2 x 512 tokens
-    assert tfm_loss.length_chunks(8, 64, 32000, 512, 16 * 2**20) == 1
+    assert kit_loss.length_chunks(8, 64, 32000, 512, 16 * 2**20) == 1
     # a 25,600-token batch at vocab 37000: 16 chunks of 1,600 tokens (2 x 512 is the floor)
-    assert tfm_loss.length_chunks(400, 64, 37000, 512, 16 * 2**20) == 16
+    assert kit_loss.length_chunks(400, 64, 37000, 512, 16 * 2**20) == 16
     # only whole positions: 63 = 3 x 3 x 7, 21 positions x 32 rows = 672 >= 512 tokens
-    assert tfm_loss.length_chunks(32, 63, 8000, 256, 2**20) == 3
+    assert kit_loss.length_chunks(32, 63, 8000, 256, 2**20) == 3
     # everything fits: one chunk
-    assert tfm_loss.length_chunks(2, 10, 100, 8, 16 * 2**20) == 1
+    assert kit_loss.length_chunks(2, 10, 100, 8, 16 * 2**20) == 1
 
 
 def _copy_task_batch(rng, rows=16, length=7, vocab=16):

@@ -1,5 +1,5 @@
-"""tfm.translate: every translated sentence fits the model's positions, and the held-out split
-that the final evaluation scores is the configured one."""
+"""tfm.inference.translate: every translated sentence fits the model's positions, and the held-out
+split that the final evaluation scores is the configured one."""
 
 import sys
 import warnings
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import tiny_model_config
-from tfm import Transformer, translate
+from tfm import Transformer
+from tfm.inference import translate
 
 
 class WordTokenizer:
@@ -65,7 +66,7 @@ def test_sinusoids_bound_the_source_by_max_positions_only():
 def test_table3_configs_score_the_validation_split():
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     from configs import default, table3
-    from tfm.job import job_config_from
+    from tfm.job.config import job_config_from
 
     assert job_config_from(table3.get_config("E")).final.split == "validation"
     assert job_config_from(default.get_config()).final.split == "test"
@@ -104,7 +105,7 @@ def test_translations_do_not_depend_on_the_batch_size(beam_size, monkeypatch):
     side by side, give the same outputs: filler rows, batch boundaries and the sentences that
     share a stream (beam search) or run beside each other in batches (greedy) never leak into a
     sentence's search."""
-    from tfm import side_by_side
+    from tfm.xla_cpu import side_by_side
 
     jobs_at_once = []
     original = side_by_side.run_side_by_side
@@ -143,7 +144,7 @@ def test_translations_do_not_depend_on_the_batch_size(beam_size, monkeypatch):
 def test_the_default_batch_is_read_from_the_config_or_sized_for_the_backend():
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     from configs import default
-    from tfm.job import job_config_from
+    from tfm.job.config import job_config_from
 
     config = default.get_config()
     assert job_config_from(config).final.translate.batch_tokens is None
@@ -164,8 +165,8 @@ def test_the_default_batch_is_read_from_the_config_or_sized_for_the_backend():
 def test_each_batch_shape_is_compiled_ahead_once(beam_size, monkeypatch):
     """translate compiles a bucket's search program(s) on its background thread before that
     bucket's first batch, into jit's own cache, which the batches then use: one program per
-    shape (beam search: `tfm.slots.stream`)."""
-    from tfm import decoding, slots
+    shape (beam search: `tfm.inference.slots.stream`)."""
+    from tfm.inference import decoding, slots
 
     config = tiny_model_config(37)  # a model no other test compiles for
     model = Transformer(config)

@@ -1,7 +1,11 @@
 """tfm: the Transformer of "Attention Is All You Need" (Vaswani et al., 2017) in JAX/Flax.
 
-The names below load on first use, so `import tfm.data` (what prepare's worker processes run)
-does not import JAX.
+Layout: the paper core at the top (config, attention, layers, model, loss, training; kernels
+chooses the operations a backend kit may replace), `tfm.inference` (searches, decoding,
+continuous batching, translation), `tfm.job` (the training job: trainer, steps, parallelism,
+checkpoints, workdir), `tfm.data`, `tfm.export`, `tfm.experiments`, and `tfm.xla_cpu` (the
+XLA:CPU kit). The names below load on first use, so `import tfm.data` (what prepare's worker
+processes run) does not import JAX.
 """
 
 import importlib
@@ -9,7 +13,11 @@ import importlib
 _EXPORTS = {
     "attention": ("tfm.attention", None),
     "config": ("tfm.config", None),
+    "decoding": ("tfm.inference.decoding", None),
+    "kernels": ("tfm.kernels", None),
     "layers": ("tfm.layers", None),
+    "loss": ("tfm.loss", None),
+    "training": ("tfm.training", None),
     "ModelConfig": ("tfm.config", "ModelConfig"),
     "Preset": ("tfm.config", "Preset"),
     "Transformer": ("tfm.model", "Transformer"),

@@ -1,9 +1,8 @@
-"""Scaled dot-product attention (section 3.2.1, Eq. 1), its masks, and head split/merge.
+"""Scaled dot-product attention (section 3.2.1, Eq. 1) and its masks, as pure functions.
 
-Pure functions of arrays: no Flax, no parameters. Shapes follow one convention throughout:
-queries `[batch, q_len, heads, d_k]`, keys `[batch, kv_len, heads, d_k]`, values
-`[batch, kv_len, heads, d_v]`, masks broadcastable to `[batch, heads, q_len, kv_len]` and True
-where attending is allowed.
+No Flax, no parameters. Shapes follow one convention throughout: queries `[batch, q_len, heads,
+d_k]`, keys `[batch, kv_len, heads, d_k]`, values `[batch, kv_len, heads, d_v]`, masks
+broadcastable to `[batch, heads, q_len, kv_len]` and True where attending is allowed.
 
 Keys and values may instead be stored heads-first, `[batch, heads, kv_len, d]`
 (`kv_layout="heads_first"`): the layout of the decoding caches, which the per-head products of
@@ -13,12 +12,11 @@ Eq. 1 read without transposing them at every step.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import jax
 import jax.numpy as jnp
-
-from tfm.lean_ops import masked_softmax
 
 Array = jax.Array
 Implementation = Literal["reference", "xla", "cudnn"]
@@ -30,16 +28,6 @@ def _kv_axes(kv_layout: KVLayout) -> str:
     if kv_layout not in _KV_AXES:
         raise ValueError(f"kv_layout must be one of {sorted(_KV_AXES)}, got {kv_layout!r}")
     return _KV_AXES[kv_layout]
-
-
-def padding_mask(q_valid: Array, kv_valid: Array) -> Array:
-    """`[batch, 1, q_len, kv_len]` mask allowing query i to see key j when both are real tokens.
-
-    Args:
-      q_valid: `[batch, q_len]` bool, True for real (non-pad) query positions.
-      kv_valid: `[batch, kv_len]` bool, True for real key positions.
-    """
-    return q_valid[:, None, :, None] & kv_valid[:, None, None, :]
 
 
 def key_padding_mask(kv_valid: Array) -> Array:
@@ -63,28 +51,23 @@ def segment_mask(q_segments: Array, kv_segments: Array) -> Array:
     return same & real
 
 
-def split_heads(x: Array, num_heads: int) -> Array:
-    """`[batch, length, heads * d]` -> `[batch, length, heads, d]`."""
-    batch, length, width = x.shape
-    if width % num_heads:
-        raise ValueError(f"width {width} is not divisible by num_heads={num_heads}")
-    return x.reshape(batch, length, num_heads, width // num_heads)
-
-
-def merge_heads(x: Array) -> Array:
-    """`[batch, length, heads, d]` -> `[batch, length, heads * d]` (the Concat of section 3.2.2)."""
-    batch, length, heads, depth = x.shape
-    return x.reshape(batch, length, heads * depth)
+def masked_softmax(logits: Array, mask: Array) -> Array:
+    """softmax over the last axis of `[..., kv_len]` logits, restricted to the keys where the
+    bool `mask` (broadcastable) is True: 0 for every other key, and all 0 for a row with no
+    allowed key (not NaN, not a uniform spread over forbidden keys)."""
+    return jax.nn.softmax(logits, axis=-1, where=mask)
 
 
 def attention_weights(
-    q: Array, k: Array, mask: Array | None = None, *, kv_layout: KVLayout = "length_first"
+    q: Array,
+    k: Array,
+    mask: Array | None = None,
+    *,
+    kv_layout: KVLayout = "length_first",
+    softmax: Callable[[Array, Array], Array] = masked_softmax,
 ) -> Array:
     """softmax(Q K^T / sqrt(d_k)) of Eq. 1, `[batch, heads, q_len, kv_len]`, always float32.
-
-    Masked logits are excluded from the softmax; a query row with nothing to attend to gets all-zero
-    weights (not NaN, not uniform).
-    """
+    `softmax` is `masked_softmax` or a kit's equal of it (`tfm.kernels`)."""
     d_k = q.shape[-1]
     logits = jnp.einsum(
         f"bqhd,{_kv_axes(kv_layout)}->bhqk", q, k, preferred_element_type=jnp.float32
@@ -92,8 +75,7 @@ def attention_weights(
     logits = logits.astype(jnp.float32) / math.sqrt(d_k)
     if mask is None:
         return jax.nn.softmax(logits, axis=-1)
-    # a fully masked row gets zeros, not a uniform spread over forbidden keys
-    return masked_softmax(logits, mask)
+    return softmax(logits, mask)
 
 
 def weighted_values(weights: Array, v: Array, *, kv_layout: KVLayout = "length_first") -> Array:
@@ -118,6 +100,8 @@ def scaled_dot_product_attention(
     dropout_rate: float = 0.0,
     dropout_rng: Array | None = None,
     kv_layout: KVLayout = "length_first",
+    softmax: Callable[[Array, Array], Array] = masked_softmax,
+    on_weights: Callable[[Array], Array] | None = None,
 ) -> Array:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (Eq. 1), per head.
 
@@ -126,12 +110,15 @@ def scaled_dot_product_attention(
       k: `[batch, kv_len, heads, d_k]`.
       v: `[batch, kv_len, heads, d_v]`.
       mask: bool, broadcastable to `[batch, heads, q_len, kv_len]`, True where attending is allowed.
-      implementation: "reference" (this module's einsums; softmax in float32), or "xla" / "cudnn"
+      implementation: "reference" (the einsums here; softmax in float32), or "xla" / "cudnn"
         through `jax.nn.dot_product_attention` (fused kernels on GPU).
       dropout_rate: dropout on the attention weights (reference implementation only).
       dropout_rng: PRNG key for that dropout; no dropout when None.
       kv_layout: "length_first" (shapes above) or "heads_first" (`k`, `v` are
         `[batch, heads, kv_len, d]`).
+      softmax: the masked softmax (`masked_softmax`, or a kit's equal of it).
+      on_weights: applied to the `[batch, heads, q_len, kv_len]` weights before they weight V
+        (reference implementation only): how a layer records them or applies its own dropout.
 
     Returns:
       `[batch, q_len, heads, d_v]` in the dtype of `v`. Query rows with no allowed key are zero.
@@ -139,10 +126,12 @@ def scaled_dot_product_attention(
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k need the same d_k, got {q.shape[-1]} and {k.shape[-1]}")
     if implementation == "reference":
-        weights = attention_weights(q, k, mask, kv_layout=kv_layout)
+        weights = attention_weights(q, k, mask, kv_layout=kv_layout, softmax=softmax)
         if dropout_rate > 0.0 and dropout_rng is not None:
             keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
             weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+        if on_weights is not None:
+            weights = on_weights(weights)
         return weighted_values(weights, v, kv_layout=kv_layout)
     if implementation in ("xla", "cudnn"):
         if dropout_rate > 0.0 and dropout_rng is not None:

@@ -1,7 +1,7 @@
 """JAX's persistent compilation cache, so that a second run of the same program (decode.py on
 the same model, train.py resuming) loads its compiled XLA programs instead of compiling them.
-With it on, the decoding programs are also saved compiled under it (`tfm.saved_programs`), and a
-second run loads those without tracing them."""
+With it on, the decoding programs are also saved compiled under it (`tfm.xla_cpu.saved_programs`),
+and a second run loads those without tracing them."""
 
 from __future__ import annotations
 

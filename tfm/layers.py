@@ -1,7 +1,11 @@
 """The Transformer's building blocks (sections 3.1-3.5) as small Flax linen modules.
 
 Every module holds parameters and little else; the arithmetic lives in `tfm.attention` and in the
-few lines of each `__call__`. Activations are `[batch, length, d_model]`.
+few lines of each `__call__`, on Flax's own modules: `nn.Dense` / `nn.DenseGeneral` for x W,
+`nn.LayerNorm`, `nn.Dropout`, `jax.nn.relu`. Activations are `[batch, length, d_model]`.
+
+Each module's `kernels` (`tfm.kernels`) may swap a backend kit's equal for one of those
+(`ops.LayerNorm` is `nn.LayerNorm` under "reference", and so on); the parameters are the same.
 """
 
 from __future__ import annotations
@@ -14,10 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from tfm import attention as attn
+from tfm import kernels as kernels_lib
 from tfm.config import ModelConfig
-from tfm.dropout import Dropout
-from tfm.lean_ops import LayerNorm, relu
-from tfm.matmul import linear, tied_logits
 
 Array = jax.Array
 
@@ -42,15 +44,6 @@ def sinusoidal_encoding(positions: Array, d_model: int) -> Array:
     return encoding.reshape(*positions.shape, d_model)
 
 
-def _dense_linear(x: Array, w: Array, dimension_numbers, precision=None) -> Array:
-    """`linear` as `flax.linen.Dense`'s `dot_general`: Dense contracts x's last axis with W's
-    first at the default precision, which is what `linear` computes."""
-    contracting, batch = dimension_numbers
-    if tuple(map(tuple, contracting)) != ((x.ndim - 1,), (0,)) or any(batch) or precision:
-        raise ValueError(f"_dense_linear computes x W only, not {dimension_numbers}, {precision}")
-    return linear(x, w)
-
-
 class SharedEmbedding(nn.Module):
     """ONE `[vocab, d_model]` matrix for the source embedding, the target embedding and the
     pre-softmax projection (section 3.4); lookups are scaled by sqrt(d_model)."""
@@ -58,6 +51,7 @@ class SharedEmbedding(nn.Module):
     vocab_size: int
     d_model: int
     dtype: jnp.dtype = jnp.float32
+    kernels: str = "auto"
 
     def setup(self) -> None:
         self.table = self.param(
@@ -74,6 +68,7 @@ class SharedEmbedding(nn.Module):
     def logits(self, x: Array) -> Array:
         """Pre-softmax linear layer with the shared weights: `[..., d_model]` -> float32
         `[..., vocab]`."""
+        tied_logits = kernels_lib.ops_for(self.kernels).tied_logits
         return tied_logits(x.astype(self.dtype), self.table.astype(self.dtype))
 
 
@@ -94,37 +89,15 @@ class LearnedPositions(nn.Module):
         return jnp.take(table, positions, axis=0)
 
 
-class HeadProjection(nn.Module):
-    """One projection matrix of section 3.2.2 kept per head: W^Q, W^K, W^V as `[d_model, heads,
-    depth]`, W^O as `[heads, depth, d_model]`. Initialised with Glorot-uniform over the flattened
-    `[fan_in, fan_out]` matrix, as for one big projection."""
-
-    shape: tuple[int, int, int]
-    input_axes: int  # 1 for W^Q/W^K/W^V, 2 for W^O
-
-    def setup(self) -> None:
-        fan_in = math.prod(self.shape[: self.input_axes])
-        fan_out = math.prod(self.shape[self.input_axes :])
-
-        def init(rng: Array, shape, dtype) -> Array:
-            flat = nn.initializers.xavier_uniform()(rng, (fan_in, fan_out), dtype)
-            return flat.reshape(shape)
-
-        self.kernel = self.param("kernel", init, self.shape, jnp.float32)
-
-    def matrix(self) -> Array:
-        """The kernel as the `[fan_in, fan_out]` matrix it stands for."""
-        return self.kernel.reshape(math.prod(self.shape[: self.input_axes]), -1)
-
-
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K,
     V W_i^V) (section 3.2.2). h, d_k and d_v are independent (Table 3 rows A and B).
 
-    Projections are kept per head (`[d_model, heads, d_k]`), which is the same linear map as one
-    `[d_model, heads * d_k]` matrix followed by a head split. (Concatenating [W^Q | W^K | W^V]
-    into one matmul was measured: no gain on CPU, and the concatenation is a weight copy in every
-    step, so each projection is its own matmul.)
+    Projections are kept per head, W^Q, W^K, W^V as `[d_model, heads, depth]` and W^O as
+    `[heads, d_v, d_model]` (`nn.DenseGeneral`), the same linear maps as one `[d_model, heads *
+    depth]` matrix followed by a head split; each is Glorot-uniform over that flattened matrix.
+    (Concatenating [W^Q | W^K | W^V] into one matmul was measured: no gain on CPU, and the
+    concatenation is a weight copy in every step, so each projection is its own matmul.)
     """
 
     num_heads: int
@@ -134,18 +107,31 @@ class MultiHeadAttention(nn.Module):
     attention_dropout_rate: float = 0.0
     implementation: attn.Implementation = "reference"
     dtype: jnp.dtype = jnp.float32
+    kernels: str = "auto"
+    precision: jax.lax.PrecisionLike = None
 
     def setup(self) -> None:
-        h, d = self.num_heads, self.d_model
-        self.query = HeadProjection((d, h, self.d_k), input_axes=1)
-        self.key = HeadProjection((d, h, self.d_k), input_axes=1)
-        self.value = HeadProjection((d, h, self.d_v), input_axes=1)
-        self.out = HeadProjection((h, self.d_v, d), input_axes=2)
+        ops = kernels_lib.ops_for(self.kernels)
+        projection = dict(
+            use_bias=False,
+            dtype=self.dtype,
+            param_dtype=jnp.float32,
+            kernel_init=nn.initializers.xavier_uniform(),
+            precision=self.precision,
+            dot_general_cls=ops.dot_general_cls,
+        )
+        h = self.num_heads
+        self.query = nn.DenseGeneral((h, self.d_k), **projection)
+        self.key = nn.DenseGeneral((h, self.d_k), **projection)
+        self.value = nn.DenseGeneral((h, self.d_v), **projection)
+        self.out = nn.DenseGeneral(self.d_model, axis=(-2, -1), **projection)
+        self.softmax = ops.masked_softmax
+        if self.attention_dropout_rate > 0.0:
+            self.weight_dropout = ops.Dropout(self.attention_dropout_rate)
 
-    def _project(self, x: Array, projection: HeadProjection) -> Array:
+    def _project(self, x: Array, projection: nn.DenseGeneral) -> Array:
         """`[batch, length, d_model]` x times one W -> `[batch, length, heads, depth]`."""
-        y = linear(x.astype(self.dtype), projection.matrix().astype(self.dtype))
-        return y.reshape(*x.shape[:-1], projection.shape[1], projection.shape[2])
+        return projection(x)
 
     def project_qkv(self, x: Array) -> tuple[Array, Array, Array]:
         """Self-attention's Q, K, V of one input `[batch, length, d_model]`: `[batch, length,
@@ -175,20 +161,25 @@ class MultiHeadAttention(nn.Module):
     ) -> Array:
         """Eq. 1 for projected `[batch, q_len, heads, d_k]` queries against projected K/V (in
         `kv_layout`), then Concat(heads) W^O -> `[batch, q_len, d_model]`."""
-        use_dropout = self.attention_dropout_rate > 0.0 and not deterministic
-        if self.implementation == "reference":
-            weights = attn.attention_weights(q, k, mask, kv_layout=kv_layout)
+
+        def on_weights(weights: Array) -> Array:
             # Visible to callers that ask for mutable=["intermediates"] (attention plots).
             self.sow("intermediates", "attention_weights", weights)
-            if use_dropout:
-                weights = Dropout(self.attention_dropout_rate)(weights, deterministic=False)
-            heads = attn.weighted_values(weights, v, kv_layout=kv_layout)
-        else:
-            heads = attn.scaled_dot_product_attention(
-                q, k, v, mask, implementation=self.implementation, kv_layout=kv_layout
-            )
-        merged = heads.reshape(*heads.shape[:-2], -1).astype(self.dtype)
-        return linear(merged, self.out.matrix().astype(self.dtype))
+            if self.attention_dropout_rate > 0.0 and not deterministic:
+                weights = self.weight_dropout(weights, deterministic=False)
+            return weights
+
+        heads = attn.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            mask,
+            implementation=self.implementation,
+            kv_layout=kv_layout,
+            softmax=self.softmax,
+            on_weights=on_weights,
+        )
+        return self.out(heads.astype(self.dtype))
 
     def __call__(
         self,
@@ -213,16 +204,20 @@ class FeedForward(nn.Module):
     d_model: int
     d_ff: int
     dtype: jnp.dtype = jnp.float32
+    kernels: str = "auto"
+    precision: jax.lax.PrecisionLike = None
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
+        ops = kernels_lib.ops_for(self.kernels)
         dense = dict(
             dtype=self.dtype,
             param_dtype=jnp.float32,
             kernel_init=nn.initializers.xavier_uniform(),
-            dot_general=_dense_linear,
+            precision=self.precision,
+            dot_general_cls=ops.dot_general_cls,
         )
-        hidden = relu(nn.Dense(self.d_ff, name="inner", **dense)(x))
+        hidden = ops.relu(nn.Dense(self.d_ff, name="inner", **dense)(x))  # max(0, x W1 + b1)
         return nn.Dense(self.d_model, name="outer", **dense)(hidden)
 
 
@@ -234,24 +229,26 @@ class ResidualSublayer(nn.Module):
     """
 
     config: ModelConfig
+    kernels: str = "auto"
 
     @nn.compact
     def __call__(
         self, x: Array, sublayer: Callable[[Array], Array], deterministic: bool = True
     ) -> Array:
-        norm = LayerNorm(
+        ops = kernels_lib.ops_for(self.kernels)
+        norm = ops.LayerNorm(
             epsilon=self.config.layer_norm_epsilon,
             dtype=compute_dtype(self.config),
             param_dtype=jnp.float32,
             name="norm",
         )
-        dropout = Dropout(self.config.dropout_rate)
+        dropout = ops.Dropout(self.config.dropout_rate)
         if self.config.norm == "pre":
             return x + dropout(sublayer(norm(x)), deterministic=deterministic)
         return norm(x + dropout(sublayer(x), deterministic=deterministic))
 
 
-def _attention(config: ModelConfig, name: str) -> MultiHeadAttention:
+def _attention(config: ModelConfig, kernels: str, precision, name: str) -> MultiHeadAttention:
     return MultiHeadAttention(
         num_heads=config.num_heads,
         d_k=config.d_k,
@@ -260,6 +257,8 @@ def _attention(config: ModelConfig, name: str) -> MultiHeadAttention:
         attention_dropout_rate=config.attention_dropout_rate,
         implementation=config.attention,
         dtype=compute_dtype(config),
+        kernels=kernels,
+        precision=precision,
         name=name,
     )
 
@@ -268,14 +267,17 @@ class EncoderLayer(nn.Module):
     """Encoder layer (section 3.1): self-attention, then the feed-forward network."""
 
     config: ModelConfig
+    kernels: str = "auto"
+    precision: jax.lax.PrecisionLike = None
 
     def setup(self) -> None:
-        self.self_attention = _attention(self.config, "self_attention")
+        c, kernels, precision = self.config, self.kernels, self.precision
+        self.self_attention = _attention(c, kernels, precision, "self_attention")
         self.feed_forward = FeedForward(
-            self.config.d_model, self.config.d_ff, compute_dtype(self.config)
+            c.d_model, c.d_ff, compute_dtype(c), kernels=kernels, precision=precision
         )
-        self.attention_block = ResidualSublayer(self.config)
-        self.feed_forward_block = ResidualSublayer(self.config)
+        self.attention_block = ResidualSublayer(c, kernels)
+        self.feed_forward_block = ResidualSublayer(c, kernels)
 
     def __call__(self, x: Array, mask: Array | None, deterministic: bool = True) -> Array:
         """`[batch, src_len, d_model]` -> same shape; `mask` is the source self-attention mask."""
@@ -301,16 +303,19 @@ class DecoderLayer(nn.Module):
     the feed-forward network."""
 
     config: ModelConfig
+    kernels: str = "auto"
+    precision: jax.lax.PrecisionLike = None
 
     def setup(self) -> None:
-        self.self_attention = _attention(self.config, "self_attention")
-        self.cross_attention = _attention(self.config, "cross_attention")
+        c, kernels, precision = self.config, self.kernels, self.precision
+        self.self_attention = _attention(c, kernels, precision, "self_attention")
+        self.cross_attention = _attention(c, kernels, precision, "cross_attention")
         self.feed_forward = FeedForward(
-            self.config.d_model, self.config.d_ff, compute_dtype(self.config)
+            c.d_model, c.d_ff, compute_dtype(c), kernels=kernels, precision=precision
         )
-        self.self_attention_block = ResidualSublayer(self.config)
-        self.cross_attention_block = ResidualSublayer(self.config)
-        self.feed_forward_block = ResidualSublayer(self.config)
+        self.self_attention_block = ResidualSublayer(c, kernels)
+        self.cross_attention_block = ResidualSublayer(c, kernels)
+        self.feed_forward_block = ResidualSublayer(c, kernels)
 
     def __call__(
         self,

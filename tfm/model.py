@@ -14,8 +14,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from tfm import attention as attn
+from tfm import kernels as kernels_lib
 from tfm.config import ModelConfig
-from tfm.dropout import Dropout
 from tfm.layers import (
     DecoderLayer,
     EncoderLayer,
@@ -25,7 +25,6 @@ from tfm.layers import (
     position_ids,
     sinusoidal_encoding,
 )
-from tfm.lean_ops import LayerNorm
 from tfm.tokens import PAD_ID
 
 Array = jax.Array
@@ -87,13 +86,20 @@ class Transformer(nn.Module):
     Token id 0 is padding. `tgt_in` is the target shifted right (starting with the BOS id).
     Packed rows (several sentence pairs in one row) pass `*_segments` (1, 2, ... per pair, 0 for
     padding) and `*_positions` (restarting at 0 for each pair); attention never crosses pairs.
+
+    `kernels` ("auto", "reference", "xla_cpu"; `tfm.kernels`) picks the implementation of the
+    few operations a backend kit may replace; it changes no parameter and no value, so it is not
+    part of the config. `precision` is that of every `nn.Dense` product (`lax.Precision`).
     """
 
     config: ModelConfig
+    kernels: str = "auto"
+    precision: jax.lax.PrecisionLike = None
 
     def setup(self) -> None:
-        c = self.config
-        self.embedding = SharedEmbedding(c.vocab_size, c.d_model, compute_dtype(c))
+        c, kernels = self.config, kernels_lib.check(self.kernels)
+        ops = kernels_lib.ops_for(kernels)
+        self.embedding = SharedEmbedding(c.vocab_size, c.d_model, compute_dtype(c), kernels)
         if c.positional == "learned":
             self.src_position_table = LearnedPositions(c.max_positions, c.d_model)
             self.tgt_position_table = LearnedPositions(c.max_positions, c.d_model)
@@ -102,15 +108,20 @@ class Transformer(nn.Module):
             # Argument 0 is the module itself; `deterministic` must stay a Python bool.
             encoder_cls = nn.remat(EncoderLayer, static_argnums=(3,))
             decoder_cls = nn.remat(DecoderLayer, static_argnums=(5,))
-        self.encoder_layers = [encoder_cls(c, name=f"encoder_{i}") for i in range(c.num_layers)]
-        self.decoder_layers = [decoder_cls(c, name=f"decoder_{i}") for i in range(c.num_layers)]
-        self.embedding_dropout = Dropout(c.dropout_rate)
+        layer = dict(kernels=kernels, precision=self.precision)
+        self.encoder_layers = [
+            encoder_cls(c, **layer, name=f"encoder_{i}") for i in range(c.num_layers)
+        ]
+        self.decoder_layers = [
+            decoder_cls(c, **layer, name=f"decoder_{i}") for i in range(c.num_layers)
+        ]
+        self.embedding_dropout = ops.Dropout(c.dropout_rate)
         if c.norm == "pre":
             norm = dict(
                 epsilon=c.layer_norm_epsilon, dtype=compute_dtype(c), param_dtype=jnp.float32
             )
-            self.encoder_norm = LayerNorm(**norm)
-            self.decoder_norm = LayerNorm(**norm)
+            self.encoder_norm = ops.LayerNorm(**norm)
+            self.decoder_norm = ops.LayerNorm(**norm)
 
     def _embed(self, ids: Array, positions: Array, side: str, deterministic: bool) -> Array:
         """Dropout(Embedding(ids) * sqrt(d_model) + PE(positions)) (sections 3.4, 3.5, 5.4)."""

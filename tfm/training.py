@@ -1,6 +1,6 @@
 """The training recipe of section 5 as pure functions: the Eq. 3 learning-rate schedule,
 Adam(0.9, 0.98, 1e-9), `train_step` / `eval_step` on the label-smoothed loss of `tfm.loss`.
-(`tfm.steps` compiles them; `tfm.trainer` is the job that runs them; `train.py` its command
+(`tfm.job.steps` compiles them; `tfm.job.trainer` is the job that runs them; `train.py` its command
 line.)
 
 A batch is a dict of int32 arrays (see `tfm.data.batching`): src, tgt_in, tgt_out [rows, L] and,
@@ -12,6 +12,7 @@ summed gradients are divided by the total token count, so they equal one big bat
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -19,8 +20,9 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from tfm.loss import tied_output_cross_entropy
+from tfm import kernels
 from tfm.model import Transformer
+from tfm.tokens import PAD_ID
 
 Array = jax.Array
 PACKED_KEYS = ("src_segments", "tgt_segments", "src_positions", "tgt_positions")
@@ -133,10 +135,13 @@ def batch_loss(
         **_model_inputs(batch),
     )
     table = model.apply({"params": params}, method=Transformer.output_embedding)
-    return tied_output_cross_entropy(states.astype(table.dtype), table, batch["tgt_out"], smoothing)
+    output_loss = kernels.ops_for(model.kernels).output_loss
+    loss, nll = output_loss(states.astype(table.dtype), table, batch["tgt_out"], smoothing)
+    tokens = jnp.sum((batch["tgt_out"] != PAD_ID).astype(jnp.float32))
+    return dict(loss=loss, nll=jax.lax.stop_gradient(nll), tokens=tokens)
 
 
-def _accumulated_gradients(model, params, batch, smoothing, rng):
+def _accumulated_gradients(model, params, batch, rng, *, smoothing):
     """Summed gradients and loss terms over the micro-batch axis (if any)."""
 
     def sums_and_grads(micro_batch, micro_rng):
@@ -183,7 +188,8 @@ def train_step(
     step_rng = jax.random.fold_in(state.rng, state.step)
     if axis_name is not None:
         step_rng = jax.random.fold_in(step_rng, jax.lax.axis_index(axis_name))
-    grads, terms = _accumulated_gradients(model, state.params, batch, smoothing, step_rng)
+    accumulate = functools.partial(_accumulated_gradients, smoothing=smoothing)
+    grads, terms = kernels.per_platform(accumulate, model, state.params, batch, step_rng)
     if axis_name is not None:
         grads, terms = jax.lax.psum((grads, terms), axis_name)
     tokens = jnp.maximum(terms["tokens"], 1.0)
@@ -205,4 +211,5 @@ def eval_step(
 ) -> dict[str, Array]:
     """Summed loss, nll and token count of one batch without dropout (sum over batches, then
     perplexity = exp(nll / tokens))."""
-    return batch_loss(model, params, batch, smoothing, None)
+    loss = functools.partial(batch_loss, smoothing=smoothing, dropout_rng=None)
+    return kernels.per_platform(loss, model, params, batch)

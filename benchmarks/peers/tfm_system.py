@@ -1,5 +1,5 @@
-"""tfm itself: the jitted train step of `tfm.training`, and `tfm.decoding`'s searches (as
-`tfm.side_by_side.search_in_parts` runs them: on CPU, a search per core)."""
+"""tfm itself: the jitted train step of `tfm.training`, and `tfm.inference.decoding`'s searches (as
+`tfm.xla_cpu.side_by_side.search_in_parts` runs them: on CPU, a search per core)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from uncached_greedy import greedy_search_uncached
 
 from peers import weights as neutral
 from peers.workloads import (
@@ -21,7 +22,9 @@ from peers.workloads import (
     decoding_source,
     training_batch,
 )
-from tfm import ModelConfig, Transformer, decoding, host_memory, side_by_side, training
+from tfm import ModelConfig, Transformer, training
+from tfm.inference import decoding
+from tfm.xla_cpu import host_memory, side_by_side
 
 NAME = "tfm"
 
@@ -48,7 +51,7 @@ def initial_params(w: Workload, seed: int = 0):
     model = Transformer(_config(w, 0.0))
     ids = jnp.zeros((1, 2), jnp.int32)
 
-    # compiled, as the training job initialises (tfm.steps): run op by op, the initialisation
+    # compiled, as the training job initialises (tfm.job.steps): run op by op, the initialisation
     # leaves the allocator holding several times the parameters' size
     @jax.jit
     def init(rng):
@@ -113,8 +116,8 @@ class Trainer:
             opt_state=jax.jit(self.optimizer.init)(params),
             rng=jax.random.key(seed + 1),
         )
-        # as the training job (tfm.trainer.train, tfm.steps.MeshSteps): freed memory goes back
-        # to the system once the state is built and once the step is compiled
+        # as the training job (tfm.job.trainer.train, tfm.job.steps.MeshSteps): freed memory goes
+        # back to the system once the state is built and once the step is compiled
         host_memory.return_freed_memory()
         model, optimizer = self.model, self.optimizer
         self.step = (
@@ -149,7 +152,7 @@ class Decoder:
             self.search = decoding.beam_search
             self.settings["beam_size"] = w.beam_size
         else:
-            self.search = decoding.greedy_search if cached else decoding.greedy_search_uncached
+            self.search = decoding.greedy_search if cached else greedy_search_uncached
         self.new_tokens = w.tgt_len
         self.parts = side_by_side.default_parts()
 

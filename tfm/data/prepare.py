@@ -20,10 +20,10 @@ import sys
 
 from tqdm import tqdm
 
-from tfm import file_lock
 from tfm.data import batching, id_cache, sources, streaming, tokenizer
 from tfm.data.corpus import SPLITS, CorpusError
 from tfm.data.gettext_catalogs import CatalogError
+from tfm.job import file_lock
 
 CHUNK_RECORDS = 20_000  # lines (records) per chunk: a few MB of text and of ids
 

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from absl import logging
 
     from tfm.export import ct2, hf
-    from tfm.workdir import LoadError, load, scored_average
+    from tfm.job.workdir import LoadError, load, scored_average
 
     logging.set_verbosity(logging.ERROR)  # orbax logs every checkpoint file it reads
 

@@ -1,5 +1,6 @@
 """Translate and score: text -> ids -> length-bucketed batches -> search -> text, and BLEU both
-ways. The one path that train.py's final evaluation, decode.py and `tfm.attention_maps` call.
+ways. The one path that train.py's final evaluation, decode.py and `tfm.inference.attention_maps`
+call.
 
 Decoding settings have one home, `TranslateConfig`, whose defaults are the paper's (section 6.1:
 beam 4, alpha 0.6, output up to the source length + 50).
@@ -18,10 +19,12 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from tfm import decoding, metrics, side_by_side, slots
+from tfm import metrics
 from tfm.config import ModelConfig
+from tfm.inference import decoding, slots
 from tfm.model import Transformer
 from tfm.tokens import EOS_ID, PAD_ID
+from tfm.xla_cpu import side_by_side
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +39,8 @@ class TranslateConfig:
     max_source_len: longest source in tokens, EOS included; longer lines are `overlong`.
     overlong: "truncate" (with a warning) or "error".
     length_buckets: padded source lengths; each is one compiled program.
-    streams: searches run side by side (`tfm.side_by_side`): beam search's streams per length
+    streams: searches run side by side (`tfm.xla_cpu.side_by_side`): beam search's streams per
+    length
       bucket, each through its own batch of slots with a share of the bucket's sentences;
       greedy search's consecutive batches of one bucket. None: `side_by_side.default_parts()`
       for the backend decoding runs on (2 on a CPU of 2 cores or more, 1 on an accelerator).
@@ -77,8 +81,8 @@ class TranslateConfig:
 
 def default_batch_tokens(backend: str | None = None) -> int:
     """Padded source tokens x beams per decoding batch (beam search: per batch of slots,
-    `tfm.slots`) on `backend` (default: JAX's): 1024 on CPU, 4096 on an accelerator. On 2 CPU
-    cores the main job's test split (beam 4, streamed through slots) decoded in 6.2-6.5 s at
+    `tfm.inference.slots`) on `backend` (default: JAX's): 1024 on CPU, 4096 on an accelerator. On 2
+    CPU cores the main job's test split (beam 4, streamed through slots) decoded in 6.2-6.5 s at
     1024, 7.4-7.5 s at 512 and at 2048 (measured alone, 2026-12-01). Accelerators want wide
     batches; 4096 is not tuned."""
     backend = backend or jax.default_backend()
@@ -175,7 +179,7 @@ def _buckets(config: TranslateConfig) -> list[int]:
 
 class _Batch(NamedTuple):
     length: int  # padded source length (a bucket)
-    rows: int  # sentences in the padded batch (beam search: slots, `tfm.slots`)
+    rows: int  # sentences in the padded batch (beam search: slots, `tfm.inference.slots`)
     sentences: list[int]  # indices of the sources it holds: at most `rows`, or for beam search
     # every source of its bucket, streamed through the `rows` slots
 
@@ -208,8 +212,8 @@ def _padded(sources: Sequence[Sequence[int]], rows: int, length: int) -> np.ndar
 
 
 def _stream_settings(config: TranslateConfig, rows: int, length: int) -> slots.StreamSettings:
-    """Beam search's `tfm.slots` settings for a bucket: as many positions as `search_batch`
-    first tries, blocks of 4 batches' sentences."""
+    """Beam search's `tfm.inference.slots` settings for a bucket: as many positions as
+    `search_batch` first tries, blocks of 4 batches' sentences."""
     return slots.StreamSettings(
         rows=rows,
         src_len=length,
@@ -296,7 +300,7 @@ class _CompileAhead:
     background thread, so the next bucket's program compiles while the current bucket decodes
     (in a first run, compiling was ~40% of the time). Each program is compiled by running the
     jitted search once on an all-padding batch, which is finished before its first step: jit's
-    own cache (or with a compilation cache, `tfm.saved_programs`' memory) then holds it, for
+    own cache (or with a compilation cache, `tfm.xla_cpu.saved_programs`' memory) then holds it, for
     this call and every later one."""
 
     def __init__(self, model: Transformer, params, config: TranslateConfig, plan: list[_Batch]):
@@ -371,7 +375,7 @@ def _greedy_batches(
     config: TranslateConfig,
 ) -> dict[int, np.ndarray]:
     """Output ids of every source in `parts` (batches of one shape), each batch its own greedy
-    `search_batch`, the batches side by side (`tfm.side_by_side`)."""
+    `search_batch`, the batches side by side (`tfm.xla_cpu.side_by_side`)."""
     found: dict[int, np.ndarray] = {}
     for result in side_by_side.run_side_by_side(
         [lambda p=p: _search_padded(search_batch, model, params, encoded, p, config) for p in parts]

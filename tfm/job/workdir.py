@@ -9,7 +9,7 @@ old run aside and never deletes it.
 
     WORKDIR/model.json              model card: ModelConfig, vocabulary, dataset, fingerprints
     WORKDIR/.lock                   held (flock) by the training process that writes here
-    WORKDIR/checkpoints/STEP/       orbax checkpoints (`tfm.checkpoint`)
+    WORKDIR/checkpoints/STEP/       orbax checkpoints (`tfm.job.checkpoint`)
     WORKDIR/metrics.jsonl           one JSON record per log / evaluation
     WORKDIR/tensorboard/            the same scalars for TensorBoard
     WORKDIR/results.json            the finished job's summary (training, final BLEU)
@@ -30,10 +30,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfm import checkpoint as ckpt
-from tfm import file_lock
 from tfm.config import ModelConfig
 from tfm.data.tokenizer import Tokenizer
+from tfm.job import checkpoint as ckpt
+from tfm.job import file_lock
 from tfm.model import Transformer
 
 MODEL_CARD = "model.json"

@@ -2,13 +2,13 @@
 
 Each sentence's search is its own (section 6.1: a beam search per sentence), so a batch can be
 searched as a few smaller batches at once, and a length bucket's stream of sentences
-(`tfm.slots`) as a few streams, with every sentence's result unchanged. On CPU that uses the
-cores better than one search: XLA:CPU splits each op of a decoding step over its threads, and a
+(`tfm.inference.slots`) as a few streams, with every sentence's result unchanged. On CPU that uses
+the cores better than one search: XLA:CPU splits each op of a decoding step over its threads, and a
 step's ops are small (16-64 rows): on a 2-core AMD EPYC (2026-12-03, interleaved A/B in one
 process) two searches at once, each on half the batch, decoded 1.20x (beam 4 SMALL, 1,893 ->
 2,263 tok/s) and 1.13x (greedy, 5,658 -> 6,374) the tokens/s of the whole batch in one search,
-four parts less; the main job's test split (beam 4, `tfm.translate`) took 6.56 s warm with two
-streams per bucket against 8.14 s with one (three: 7.75 s), identical translations
+four parts less; the main job's test split (beam 4, `tfm.inference.translate`) took 6.56 s warm
+with two streams per bucket against 8.14 s with one (three: 7.75 s), identical translations
 (`benchmarks/README.md`, round seventeen); greedy, two of a bucket's batches at once, 2.27-2.33
 against 2.65-2.69 s on a 2-core Intel Xeon (2026-12-04, round twenty-one). On an accelerator
 one wide search is better; `default_parts` says 1 there.
@@ -66,7 +66,7 @@ def split_rows(batch: int, parts: int) -> int:
 
 
 def search_in_parts(search: Callable, model, params, src, parts: int | None = None, **settings):
-    """`search(model, params, src, **settings)` (a search of `tfm.decoding`) over `[batch,
+    """`search(model, params, src, **settings)` (a search of `tfm.inference.decoding`) over `[batch,
     src_len]` sources as `parts` searches of equal row count side by side (None:
     `default_parts()`). The last part is filled with all-padding rows, which are finished from
     the start and cut off; the result equals the one search's, row for row."""

@@ -1,5 +1,5 @@
 """What the model attended to while translating one sentence: every layer's attention weights,
-teacher-forced on the translation `tfm.translate` chose (the paper's Figures 3-5;
+teacher-forced on the translation `tfm.inference.translate` chose (the paper's Figures 3-5;
 `tfm.viz.plot_attention` draws them)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import dataclasses
 
 import numpy as np
 
+from tfm.inference.translate import TranslateConfig, encode_sources, translate_ids
 from tfm.model import Transformer
 from tfm.tokens import BOS_ID, EOS_ID, PAD_ID
-from tfm.translate import TranslateConfig, encode_sources, translate_ids
 
 
 @dataclasses.dataclass

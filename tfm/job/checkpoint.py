@@ -9,9 +9,9 @@ and falls back to the previous one.
 
 Also checkpoint averaging (section 6.1: the last 5 for base, 20 for big) and a command:
 
-    python -m tfm.checkpoint info WORKDIR      # steps, parameter digests, verified or not
-    python -m tfm.checkpoint verify WORKDIR    # exit 1 if any checkpoint is damaged
-    python -m tfm.checkpoint average WORKDIR --last 5 --output PARAMS_DIR
+    python -m tfm.job.checkpoint info WORKDIR      # steps, parameter digests, verified or not
+    python -m tfm.job.checkpoint verify WORKDIR    # exit 1 if any checkpoint is damaged
+    python -m tfm.job.checkpoint average WORKDIR --last 5 --output PARAMS_DIR
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ class Checkpointer:
                 if step is not None:
                     raise CheckpointError(
                         message + "; choose another step (python -m "
-                        "tfm.checkpoint verify WORKDIR checks them all)"
+                        "tfm.job.checkpoint verify WORKDIR checks them all)"
                     ) from error
                 if not self.read_only:
                     message += f"; moved aside to {self.move_aside(candidate).name}"

@@ -10,12 +10,12 @@ import dataclasses
 import pathlib
 from typing import Any
 
-from tfm import parallel
 from tfm.config import ModelConfig
 from tfm.data.batching import BatchConfig
 from tfm.data.sources import SourceSpec, parse_spec
+from tfm.inference.translate import TranslateConfig
+from tfm.job import parallel
 from tfm.training import TrainConfig
-from tfm.translate import TranslateConfig
 
 
 @dataclasses.dataclass(frozen=True)

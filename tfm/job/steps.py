@@ -13,8 +13,10 @@ import jax
 import numpy as np
 import optax
 
-from tfm import host_memory, parallel, training
+from tfm import training
+from tfm.job import parallel
 from tfm.model import Transformer
+from tfm.xla_cpu import host_memory
 
 Batch = dict[str, np.ndarray]
 
@@ -168,7 +170,7 @@ def make_steps(
     mesh,
     micro: int,
 ) -> MeshSteps | PmapSteps:
-    """The steps for a parallelism strategy (`tfm.parallel.STRATEGIES`)."""
+    """The steps for a parallelism strategy (`tfm.job.parallel.STRATEGIES`)."""
     if strategy == "pmap":
         return PmapSteps(model, optimizer, smoothing, micro)
     return MeshSteps(model, optimizer, smoothing, mesh, strategy, micro)

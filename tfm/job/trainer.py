@@ -1,9 +1,10 @@
-"""The training job that train.py runs: build everything from a `JobConfig` (`tfm.job`), train
-with resumption (step -> log -> evaluate -> checkpoint), then translate and score the test split.
+"""The training job that train.py runs: build everything from a `JobConfig` (`tfm.job.config`),
+train with resumption (step -> log -> evaluate -> checkpoint), then translate and score the test
+split.
 
 The pure pieces live elsewhere: the loss, schedule and steps in `tfm.training`, their compiled
-mesh/pmap forms in `tfm.steps`, the records in `tfm.train_log`, the workdir's files in
-`tfm.workdir`, translation and BLEU in `tfm.translate`.
+mesh/pmap forms in `tfm.job.steps`, the records in `tfm.job.train_log`, the workdir's files in
+`tfm.job.workdir`, translation and BLEU in `tfm.inference.translate`.
 """
 
 from __future__ import annotations
@@ -22,15 +23,18 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from tfm import checkpoint as ckpt
-from tfm import host_memory, metrics, parallel, steps, training, translate, viz
+from tfm import metrics, training, viz
 from tfm.data.pipeline import BatchPipeline
 from tfm.data.prepare import PreparedData, prepare
-from tfm.job import JobConfig
+from tfm.inference import translate
+from tfm.job import checkpoint as ckpt
+from tfm.job import parallel, steps
+from tfm.job.config import JobConfig
+from tfm.job.train_log import TrainingDiverged, TrainLog
+from tfm.job.workdir import ModelCard, Workdir, check_resume, exclusive, write_model_card
+from tfm.job.workdir import start_over as move_previous_run_aside
 from tfm.model import Transformer
-from tfm.train_log import TrainingDiverged, TrainLog
-from tfm.workdir import ModelCard, Workdir, check_resume, exclusive, write_model_card
-from tfm.workdir import start_over as move_previous_run_aside
+from tfm.xla_cpu import host_memory
 
 __all__ = ["Job", "TrainingDiverged", "build_job", "format_report", "train", "train_and_evaluate"]
 

@@ -2,9 +2,10 @@
 search over source ids.
 
 Each function encodes the source once, builds the `DecodeCache` (every decoder layer's
-cross-attention K/V computed before the loop) and runs a search of `tfm.search` with
+cross-attention K/V computed before the loop) and runs a search of `tfm.inference.search` with
 `Transformer.decode_step` as its step function. Shapes are static: one compiled program per
-(batch size, source length, settings), whatever the sentences.
+(batch size, source length, settings), whatever the sentences. Under the model's "auto"
+kernels the kit or the reference is chosen once for the whole search (`tfm.kernels`).
 
 The maximum output length is the paper's: each sentence may generate up to its own source
 length + `extra_length` (50) tokens, EOS included.
@@ -17,14 +18,12 @@ import math
 import jax
 import jax.numpy as jnp
 
-from tfm.backend_jit import DECODING_CPU_OPTIONS, cpu_tuned_jit
-from tfm.model import DecodeCache, Transformer
-from tfm.search import (
+from tfm import kernels
+from tfm.inference.search import (
     PAPER_ALPHA,
     PAPER_BEAM_SIZE,
     PAPER_EXTRA_LENGTH,
     BeamSearchResult,
-    Hypotheses,
     SearchResult,
     StepFn,
     filter_logits,
@@ -33,7 +32,9 @@ from tfm.search import (
     search_beams,
     search_one_token_per_step,
 )
-from tfm.tokens import BOS_ID, EOS_ID, PAD_ID
+from tfm.model import DecodeCache, Transformer
+from tfm.tokens import EOS_ID, PAD_ID
+from tfm.xla_cpu.backend_jit import DECODING_CPU_OPTIONS, cpu_tuned_jit
 
 Array = jax.Array
 
@@ -101,15 +102,19 @@ def _transformer_one_token_per_step(
     max_steps: int | None,
 ) -> SearchResult:
     steps = positions_allocated(src.shape[1], extra_length, chunk, max_steps)
-    return search_one_token_per_step(
-        transformer_step_fn(model, params),
-        encode_and_init_cache(model, params, src, 1, steps),
-        max_output_lengths(src, extra_length),
-        steps,
-        pick,
-        eos_id=eos_id,
-        chunk=chunk,
-    )
+
+    def search(model: Transformer, params, src: Array) -> SearchResult:
+        return search_one_token_per_step(
+            transformer_step_fn(model, params),
+            encode_and_init_cache(model, params, src, 1, steps),
+            max_output_lengths(src, extra_length),
+            steps,
+            pick,
+            eos_id=eos_id,
+            chunk=chunk,
+        )
+
+    return kernels.per_platform(search, model, params, src)
 
 
 @cpu_tuned_jit(
@@ -221,51 +226,21 @@ def beam_search(
     too, as `greedy_search`.
     """
     steps = positions_allocated(src.shape[1], extra_length, chunk, max_steps)
-    return search_beams(
-        transformer_step_fn(model, params),
-        encode_and_init_cache(model, params, src, beam_size, steps),
-        max_output_lengths(src, extra_length),
-        steps,
-        beam_size=beam_size,
-        alpha=alpha,
-        eos_id=eos_id,
-        chunk=chunk,
-        settle=settle,
-    )
 
-
-@cpu_tuned_jit(DECODING_CPU_OPTIONS, static_argnames=("model", "eos_id", "extra_length"))
-def greedy_search_uncached(
-    model: Transformer,
-    params,
-    src: Array,
-    *,
-    eos_id: int | None = EOS_ID,
-    extra_length: int = PAPER_EXTRA_LENGTH,
-) -> SearchResult:
-    """Greedy decoding WITHOUT a cache: every step re-runs the whole decoder over the full
-    `[batch, max_steps]` prefix buffer (the causal mask hides the unwritten tail). The baseline
-    that the cached decoders are measured and checked against."""
-    batch = src.shape[0]
-    max_steps = src.shape[1] + extra_length
-    max_lengths = max_output_lengths(src, extra_length, max_steps)
-    variables = {"params": params}
-    encoded = model.apply(variables, src, method=Transformer.encode)
-
-    def step(carry, i):
-        inputs, out = carry
-        logits = model.apply(variables, encoded, src, inputs, method=Transformer.decode)
-        logits = jax.lax.dynamic_index_in_dim(logits, i, 1, False)
-        token, out = out.extend(jnp.argmax(logits, -1), logits, i, max_lengths, eos_id)
-        inputs = jax.lax.dynamic_update_index_in_dim(
-            inputs, token, jnp.minimum(i + 1, max_steps - 1), 1
+    def search(model: Transformer, params, src: Array) -> BeamSearchResult:
+        return search_beams(
+            transformer_step_fn(model, params),
+            encode_and_init_cache(model, params, src, beam_size, steps),
+            max_output_lengths(src, extra_length),
+            steps,
+            beam_size=beam_size,
+            alpha=alpha,
+            eos_id=eos_id,
+            chunk=chunk,
+            settle=settle,
         )
-        return (inputs, out), None
 
-    inputs = jnp.zeros((batch, max_steps), jnp.int32).at[:, 0].set(BOS_ID)
-    carry = (inputs, Hypotheses.empty(batch, max_steps, max_lengths))
-    (_, out), _ = jax.lax.scan(step, carry, jnp.arange(max_steps))
-    return SearchResult(ids=out.ids, scores=out.scores, lengths=out.lengths)
+    return kernels.per_platform(search, model, params, src)
 
 
 __all__ = [
@@ -273,13 +248,12 @@ __all__ = [
     "beam_search",
     "encode_and_init_cache",
     "greedy_search",
-    "greedy_search_uncached",
     "max_output_lengths",
     "positions_allocated",
     "sample",
     "steps_allocated",
     "transformer_step_fn",
-    # from tfm.search, so callers of the searches need one import
+    # from tfm.inference.search, so callers of the searches need one import
     "PAPER_ALPHA",
     "PAPER_BEAM_SIZE",
     "PAPER_EXTRA_LENGTH",

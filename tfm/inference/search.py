@@ -8,7 +8,7 @@ A model enters only as a step function
 and a cache (any pytree) that beam search asks to reorder its own rows with
 `cache.reorder_beams(rows)`. The step runs inside a `lax.scan` of `chunk` steps within a
 `lax.while_loop` that stops once every sentence has finished, so steps after the last EOS cost
-nothing. `tfm.decoding` plugs the Transformer in.
+nothing. `tfm.inference.decoding` plugs the Transformer in.
 """
 
 from __future__ import annotations
@@ -302,7 +302,7 @@ def beam_search_step(
     new alive set and merge those that ended into the finished set (section 6.1).
 
     `i` is the step: a scalar, or `[batch]` when each sentence is at its own step (sentences
-    that started at different times, `tfm.slots`)."""
+    that started at different times, `tfm.inference.slots`)."""
     batch, beam = state.alive_log_probs.shape
     per_sentence = jnp.ndim(i) == 1
     last = _last_tokens(state.alive_ids, i)  # [b, k]

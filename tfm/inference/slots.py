@@ -7,9 +7,9 @@ starts at step 0 while the others go on (each row at its own decoder position,
 `Transformer.decode_step`). Waiting sentences arrive in blocks of `block` (encoded once per
 block); a slot's result leaves with the call in which it settled.
 
-Every sentence runs exactly the steps of its own beam search (section 6.1, `tfm.search`), so
-the results are those of `tfm.decoding.beam_search`; only the work per step is better spent.
-One compiled program per (rows, source length, block).
+Every sentence runs exactly the steps of its own beam search (section 6.1, `tfm.inference.search`),
+so the results are those of `tfm.inference.decoding.beam_search`; only the work per step is better
+spent. One compiled program per (rows, source length, block).
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from tfm.backend_jit import DECODING_CPU_OPTIONS, cpu_tuned_jit
-from tfm.decoding import encode_and_init_cache, max_output_lengths, transformer_step_fn
+from tfm import kernels
+from tfm.inference.decoding import encode_and_init_cache, max_output_lengths, transformer_step_fn
+from tfm.inference.search import PAPER_ALPHA, PAPER_EXTRA_LENGTH, BeamState, beam_search_step
 from tfm.model import Transformer
-from tfm.search import PAPER_ALPHA, PAPER_EXTRA_LENGTH, BeamState, beam_search_step
 from tfm.tokens import EOS_ID, PAD_ID
+from tfm.xla_cpu.backend_jit import DECODING_CPU_OPTIONS, cpu_tuned_jit
 
 Array = jax.Array
 
@@ -240,6 +241,23 @@ def stream(
     once the whole block has a slot, or with `run_to_end`, once every slot is empty (checked
     every `_STEPS_PER_ITERATION` steps: a step more changes no sentence's search). Returns the
     slots (still running sentences) and the sentences that settled meanwhile."""
+    settings = dict(alpha=alpha, eos_id=eos_id, extra_length=extra_length)
+    run = functools.partial(_stream, **settings)
+    return kernels.per_platform(run, model, params, slots, src, sentence, run_to_end)
+
+
+def _stream(
+    model: Transformer,
+    params,
+    slots: Slots,
+    src: Array,
+    sentence: Array,
+    run_to_end: Array,
+    *,
+    alpha: float,
+    eos_id: int | None,
+    extra_length: int,
+) -> tuple[Slots, Settled]:
     step_fn = transformer_step_fn(model, params)
     waiting = _encode_waiting(model, params, src, sentence, extra_length)
     queued = jnp.sum(sentence >= 0)

@@ -1,0 +1,102 @@
+"""The `kernels` setting: which implementation of a few operations the paper core runs.
+
+- "reference": Flax's and JAX's own ops on every backend: `nn.LayerNorm`, `nn.Dropout`,
+  `lax.dot_general` inside `nn.Dense`, `jax.nn.relu`, `jax.nn.softmax` over the allowed keys,
+  and the log-softmax label-smoothed loss of `tfm.loss`.
+- "xla_cpu": the XLA:CPU kit (`tfm.xla_cpu`) on every backend: the same values, computed and
+  differentiated in forms measured faster and leaner on XLA:CPU.
+- "auto" (the default): the kit where the program runs on the CPU, the reference anywhere else.
+  The choice is made when the program is lowered (`jax.lax.platform_dependent`), not from the
+  process's default backend, so a program exported with `jax.export` for `cuda` or `tpu` on a
+  CPU-only host holds the reference ops only.
+
+The setting is not part of the model: both paths make the same parameter tree, so a checkpoint
+trained with one loads and continues with the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+
+from tfm import attention, loss
+
+KERNELS = ("auto", "reference", "xla_cpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ops:
+    """The operations the paper core calls where a backend's kit may substitute its own. Every
+    field computes the same function as the reference's; only speed, memory and the form of the
+    gradient may differ.
+
+    Attributes:
+      LayerNorm: a module class with `nn.LayerNorm`'s fields (epsilon, dtype, param_dtype) and
+        parameters ("scale", "bias").
+      Dropout: a module class with `nn.Dropout`'s `rate` and call `(x, deterministic)`, drawing
+        its mask from the "dropout" RNG stream exactly as `nn.Dropout` does.
+      dot_general_cls: `nn.Dense`'s hook (None: `lax.dot_general`).
+      relu: max(0, x).
+      masked_softmax: `(logits, mask) -> weights`, softmax over the allowed keys, 0 elsewhere.
+      tied_logits: `(x [..., d_model], E [vocab, d_model]) -> float32 [..., vocab]`.
+      output_loss: `(states, E, targets, smoothing) -> (loss sum, nll sum)`, the loss of
+        section 5.4 on the pre-softmax linear layer of section 3.4.
+    """
+
+    LayerNorm: Callable[..., nn.Module]
+    Dropout: Callable[..., nn.Module]
+    dot_general_cls: Any
+    relu: Callable[[jax.Array], jax.Array]
+    masked_softmax: Callable[[jax.Array, jax.Array], jax.Array]
+    tied_logits: Callable[[jax.Array, jax.Array], jax.Array]
+    output_loss: Callable[..., tuple[jax.Array, jax.Array]]
+
+
+REFERENCE = Ops(
+    LayerNorm=nn.LayerNorm,
+    Dropout=nn.Dropout,
+    dot_general_cls=None,
+    relu=jax.nn.relu,
+    masked_softmax=attention.masked_softmax,
+    tied_logits=loss.tied_logits,
+    output_loss=loss.output_loss_sums,
+)
+
+
+def check(kernels: str) -> str:
+    """`kernels` if it is a known setting; a ValueError naming the choices otherwise."""
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {', '.join(KERNELS)}; got {kernels!r}")
+    return kernels
+
+
+def ops_for(kernels: str) -> Ops:
+    """The operations of a setting ("auto" picks per op, when the program is lowered)."""
+    if check(kernels) == "reference":
+        return REFERENCE
+    from tfm import xla_cpu  # the kit is loaded only when a setting asks for it
+
+    return xla_cpu.KIT if kernels == "xla_cpu" else xla_cpu.CPU_ONLY
+
+
+def per_platform(fn: Callable, model, *args):
+    """`fn(model, *args)` with an "auto" model's choice made once for the whole of `fn`: the
+    kit's model where the program runs on the CPU, the reference's anywhere else.
+
+    Choosing per op inside a differentiated function would make the program carry both choices'
+    saved residuals (zeros of the other's shapes); steps, losses and searches therefore choose
+    here, around everything they differentiate or loop over.
+    """
+    if model.kernels != "auto":
+        return fn(model, *args)
+    on_cpu = functools.partial(fn, model.clone(kernels="xla_cpu"))
+    elsewhere = functools.partial(fn, model.clone(kernels="reference"))
+    return jax.lax.platform_dependent(*args, cpu=on_cpu, default=elsewhere)
+
+
+__all__ = ["KERNELS", "REFERENCE", "Ops", "check", "ops_for", "per_platform"]
