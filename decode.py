@@ -20,10 +20,10 @@ import math
 import pathlib
 import sys
 
-if __name__ == "__main__":  # first thing: see tfm/host_memory.py
+if __name__ == "__main__":  # first thing, and only when asked: see tfm/xla_cpu/host_memory.py
     from tfm.xla_cpu import host_memory
 
-    host_memory.restart_with_huge_page_malloc()
+    host_memory.restart_if_asked("--huge_page_malloc")
 
 from tfm.data.corpus import decode_lines  # noqa: E402
 from tfm.inference.translate import TranslateConfig  # noqa: E402
@@ -95,6 +95,20 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="persistent JAX compilation cache, so a second run compiles nothing (default: "
         "$TFM_COMPILATION_CACHE or ~/.cache/tfm/jax; '' = off)",
+    )
+    parser.add_argument(
+        "--kernels",
+        choices=("auto", "reference", "xla_cpu"),
+        default="auto",
+        help="the operations a backend kit may replace (tfm.kernels): the XLA:CPU kit on the CPU "
+        "and Flax's and JAX's own ops elsewhere (auto), or one of them everywhere; translations "
+        "do not depend on it",
+    )
+    parser.add_argument(
+        "--huge_page_malloc",
+        action="store_true",
+        help="restart once with glibc's malloc asking for transparent huge pages (faster XLA:CPU "
+        "programs with large scratch buffers; Linux, glibc >= 2.35; also TFM_HUGE_PAGE_MALLOC=1)",
     )
     parser.add_argument("sentence", nargs="?", help="the sentence for --plot_attention")
     return parser
@@ -175,7 +189,10 @@ def _translate(args, lines: list[str], output) -> int:
 
     try:
         loaded = workdir.load(
-            args.workdir, step=args.step, average=None if args.step is not None else args.average
+            args.workdir,
+            step=args.step,
+            average=None if args.step is not None else args.average,
+            kernels=args.kernels,
         )
         config = TranslateConfig(
             beam_size=args.beam_size,

@@ -11,10 +11,10 @@ import pathlib
 import re
 import sys
 
-if __name__ == "__main__":  # first thing: see tfm/host_memory.py
+if __name__ == "__main__":  # first thing, and only when asked: see tfm/xla_cpu/host_memory.py
     from tfm.xla_cpu import host_memory
 
-    host_memory.restart_with_huge_page_malloc()
+    host_memory.restart_if_asked("--huge_page_malloc")
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags
@@ -59,6 +59,18 @@ flags.DEFINE_string(
     "steps, and decode.py on this machine loads the programs that the final translation "
     "compiled (default: $TFM_COMPILATION_CACHE or ~/.cache/tfm/jax; '' = off).",
 )
+flags.DEFINE_bool(
+    "huge_page_malloc",
+    False,
+    "Restart once with glibc's malloc asking for transparent huge pages: faster XLA:CPU steps "
+    "with large scratch buffers (Linux, glibc >= 2.35; also TFM_HUGE_PAGE_MALLOC=1).",
+)
+flags.DEFINE_bool(
+    "distributed",
+    True,
+    "Start JAX's distributed runtime when a cluster is detected (Slurm, Open MPI, TPU pods) or "
+    "TFM_COORDINATOR is set; --nodistributed runs this process alone.",
+)
 FLAGS = flags.FLAGS
 
 
@@ -66,7 +78,7 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax logs every file operation at INFO
     from tfm import compilation_cache
-    from tfm.job import trainer
+    from tfm.job import parallel, trainer
     from tfm.job.checkpoint import CheckpointError
     from tfm.job.config import job_config_from
     from tfm.job.workdir import WorkdirError
@@ -76,6 +88,8 @@ def main(argv):
     )
     cache = FLAGS.compilation_cache_dir
     compilation_cache.enable(compilation_cache.default_directory() if cache is None else cache)
+    if FLAGS.distributed:
+        parallel.initialize_distributed()
     try:
         config = job_config_from(FLAGS.config)
         result = trainer.train_and_evaluate(

@@ -47,6 +47,10 @@ def base_config() -> ml_collections.ConfigDict:
     # off) with this beam (1 = greedy; alpha and extra length as config.decode) and log sacreBLEU
     config.eval_bleu_every_steps = 0
     config.eval_bleu_beam_size = 1
+    # the operations a backend kit may replace (tfm.kernels): "auto" (the XLA:CPU kit where a
+    # program runs on the CPU, Flax's and JAX's own ops elsewhere) | "reference" | "xla_cpu"; not
+    # part of the model, so a run may resume with another setting
+    config.kernels = "auto"
     # parallelism: data | fsdp | tensor | pmap
     config.parallelism = "data"
     config.model_parallel = 1

@@ -154,3 +154,56 @@ def test_freed_heap_memory_goes_back_to_the_system():
     libc.free(blocks[-1])
     assert returned
     assert released > 100, f"resident memory fell by {released:.0f} MB only"
+
+
+ASKING = textwrap.dedent(
+    """
+    import json, os, sys
+    if sys.argv[1] == "notebook":
+        sys.modules["IPython"] = type(sys)("IPython")  # as inside a Jupyter kernel's %run
+    from tfm.xla_cpu import host_memory
+    host_memory.restart_if_asked("--huge_page_malloc", sys.argv[2:])
+    with open("/proc/self/environ", "rb") as environ:  # what this process started with
+        started = [v.decode() for v in environ.read().split(b"\\0") if v]
+    print(json.dumps(dict(
+        pid=os.getpid(),
+        started_with=[v for v in started if v.startswith("GLIBC_TUNABLES=")],
+        children_get=os.environ.get("GLIBC_TUNABLES"),
+    )))
+    """
+)
+
+
+@pytest.mark.skipif(
+    not host_memory.huge_page_malloc_can_help(),
+    reason="needs glibc >= 2.35 and transparent huge pages on request (THP 'madvise')",
+)
+@pytest.mark.parametrize(
+    ("mode", "argv", "ask", "restarts"),
+    [
+        ("script", [], None, False),  # not asked: no surprise
+        ("script", ["--huge_page_malloc"], None, True),
+        ("script", [], "1", True),
+        ("notebook", ["--huge_page_malloc"], "1", False),  # never inside a kernel
+    ],
+)
+def test_the_command_lines_restart_only_when_asked(mode, argv, ask, restarts):
+    environment = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    environment.pop(host_memory.ASK_VARIABLE, None)
+    if ask:
+        environment[host_memory.ASK_VARIABLE] = ask
+    process = subprocess.run(
+        [sys.executable, "-c", ASKING, mode, *argv],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert process.returncode == 0, process.stderr
+    result = last_json_line(process.stdout)
+    expected = ["GLIBC_TUNABLES=glibc.malloc.hugetlb=1"] if restarts else []
+    assert result["started_with"] == expected  # what glibc's malloc read
+    assert result["children_get"] is None  # the tunable does not leak into child processes
+    if mode == "notebook":
+        assert "not restarting" in process.stderr

@@ -10,6 +10,8 @@ import pathlib
 
 import jax
 
+from tfm.xla_cpu import saved_programs
+
 
 def default_directory() -> str:
     """$TFM_COMPILATION_CACHE, else $XDG_CACHE_HOME/tfm/jax (~/.cache/tfm/jax)."""
@@ -25,6 +27,8 @@ def enable(directory: str | None) -> None:
     used."""
     if not directory:
         return
+    # the decoding programs tfm saves compiled go here too (`tfm.xla_cpu.saved_programs`)
+    (pathlib.Path(directory) / saved_programs.SUBDIRECTORY).mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", directory)
     # the decoders' programs compile in well under JAX's default 1 s threshold, and there are
     # many (one per length bucket): cache them all

@@ -10,6 +10,7 @@ import dataclasses
 import pathlib
 from typing import Any
 
+from tfm import kernels
 from tfm.config import ModelConfig
 from tfm.data.batching import BatchConfig
 from tfm.data.sources import SourceSpec, parse_spec
@@ -60,6 +61,7 @@ class JobConfig:
     model_parallel: int
     loop: LoopConfig
     final: FinalEvaluation
+    kernels: str = "auto"  # tfm.kernels: not part of the model; a run may resume with another
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         return ModelConfig(vocab_size=vocab_size, **self.model)
@@ -207,7 +209,9 @@ def job_config_from(config) -> JobConfig:
         ),
         "config.dataset",
     )
+    kernels_setting = _valid(lambda: kernels.check(top.get("kernels")), "config.kernels")
     job = JobConfig(
+        kernels=kernels_setting,
         spec=spec,
         data_dir=pathlib.Path(top.get("data_dir")),
         vocab_size=vocab_size,

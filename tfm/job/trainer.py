@@ -58,7 +58,7 @@ def build_job(config: JobConfig, workdir: str | pathlib.Path) -> Job:
     card."""
     workdir = Workdir(workdir)
     data = prepare(config.spec, config.data_dir, config.vocab_size)
-    model = Transformer(config.model_config(data.tokenizer.vocab_size))
+    model = Transformer(config.model_config(data.tokenizer.vocab_size), kernels=config.kernels)
     optimizer = training.make_optimizer(config.train, model.config.d_model)
     tensor = config.parallelism == "tensor"
     mesh = parallel.make_mesh(config.model_parallel if tensor else 1)
@@ -322,8 +322,10 @@ def train_and_evaluate(
 ) -> dict:
     """The main job: prepare data, train (resuming), then translate and score a held-out split
     (the test split unless `decode.split` says otherwise). Process 0 holds the workdir's lock
-    throughout; `start_over` first moves a previous run's files aside."""
-    parallel.initialize_distributed()
+    throughout; `start_over` first moves a previous run's files aside.
+
+    Runs on the processes and devices JAX has: on several hosts, start JAX's distributed runtime
+    first (`tfm.job.parallel.initialize_distributed`, as train.py does)."""
     lead = jax.process_index() == 0
     with exclusive(Workdir(workdir)) if lead else contextlib.nullcontext():
         if start_over and lead:

@@ -286,12 +286,18 @@ def _check_compatible(model: Transformer, params, where: str) -> None:
         )
 
 
-def load(root: str | pathlib.Path, step: int | None = None, average: int | None = 5) -> Loaded:
+def load(
+    root: str | pathlib.Path,
+    step: int | None = None,
+    average: int | None = 5,
+    kernels: str = "auto",
+) -> Loaded:
     """The model of a train.py workdir with the parameters of checkpoint `step`, or the average
-    of the last `average` checkpoints (section 6.1); `average` None or 1 = the latest."""
+    of the last `average` checkpoints (section 6.1); `average` None or 1 = the latest. `kernels`
+    (`tfm.kernels`) is the model's, whatever the run was trained with."""
     workdir = Workdir(root)
     card = read_model_card(workdir)
-    model = Transformer(card.model)
+    model = Transformer(card.model, kernels=kernels)
     try:
         tokenizer = Tokenizer(card.vocabulary)
     except (FileNotFoundError, ValueError) as error:

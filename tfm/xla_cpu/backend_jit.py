@@ -52,7 +52,8 @@ class CpuTunedJit:
         return dict(self._cpu_options)
 
     def for_backend(self, backend: str):
-        """The jitted function used when `backend` ("cpu", "gpu", "tpu") is the default."""
+        """The jitted function used when `backend` ("cpu", "gpu", "tpu") is the default; for
+        "nested" (a call inside another jit), the one without compiler options."""
         with self._lock:
             if backend not in self._jitted:
                 options = self._cpu_options if backend == "cpu" else None
@@ -62,6 +63,10 @@ class CpuTunedJit:
             return self._jitted[backend]
 
     def __call__(self, *args, **kwargs):
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((args, kwargs))):
+            # inside a caller's jit (or export): part of its program, which compiles with the
+            # caller's options, for the platform it is lowered for
+            return self.for_backend("nested")(*args, **kwargs)
         jitted = self.for_backend(jax.default_backend())
         root = saved_programs.directory()
         if root is None:

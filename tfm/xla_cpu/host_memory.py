@@ -15,8 +15,11 @@ next scratch no longer fits in it, and the heap grows by a whole scratch block (
 within 40 steps), faulting it in again.
 
 glibc reads tunables when a process starts, so a running process cannot turn this on for itself:
-`restart_with_huge_page_malloc` re-executes the process with the tunable set, which train.py and
-decode.py do first thing; `benchmarks/compare.py` gives it to every system's worker alike.
+`restart_with_huge_page_malloc` re-executes the process with the tunable set. train.py and
+decode.py do that first thing only when asked (`--huge_page_malloc` or TFM_HUGE_PAGE_MALLOC=1,
+`restart_if_asked`), never inside an interactive interpreter or notebook kernel, and the
+restarted process puts GLIBC_TUNABLES back as it was, so its children do not inherit it.
+`benchmarks/compare.py` gives the tunable to every system's worker alike.
 
 Memory freed by one-off work (the compiled initialisation of a training state, the compiler)
 stays in malloc's heap, resident, beneath the peak of the training steps that follow:
@@ -31,6 +34,10 @@ import sys
 from collections.abc import Mapping
 
 TUNABLE = "glibc.malloc.hugetlb"
+ASK_VARIABLE = "TFM_HUGE_PAGE_MALLOC"
+# set in the restarted process's environment: GLIBC_TUNABLES as it was before the restart
+_ORIGINAL = "TFM_GLIBC_TUNABLES_BEFORE_RESTART"
+_UNSET = "<unset>"
 TRANSPARENT_HUGE_PAGES = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
@@ -99,6 +106,37 @@ def restart_with_huge_page_malloc() -> None:
     environment = environment_with_huge_page_malloc(os.environ)
     if environment.get("GLIBC_TUNABLES") == os.environ.get("GLIBC_TUNABLES"):
         return  # already set (by us, before the restart, or by the user)
+    environment[_ORIGINAL] = os.environ.get("GLIBC_TUNABLES", _UNSET)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environment)
+
+
+def interactive() -> bool:
+    """Whether this is an interactive interpreter or an IPython / Jupyter kernel, where a
+    restart would lose the session (`%run train.py` runs it as `__main__` there too)."""
+    return hasattr(sys, "ps1") or "IPython" in sys.modules or "ipykernel" in sys.modules
+
+
+def restart_if_asked(flag: str, argv: list[str] | None = None) -> None:
+    """A command line's first step: `restart_with_huge_page_malloc` when `flag` is among the
+    arguments or TFM_HUGE_PAGE_MALLOC=1, except in an interactive session (a warning says so).
+    In the restarted process, GLIBC_TUNABLES is put back as it was in this process's
+    environment (malloc has read it already), so that its children start as they would have."""
+    if _ORIGINAL in os.environ:  # the restarted process
+        original = os.environ.pop(_ORIGINAL)
+        if original == _UNSET:
+            os.environ.pop("GLIBC_TUNABLES", None)
+        else:
+            os.environ["GLIBC_TUNABLES"] = original
+        return
+    argv = sys.argv[1:] if argv is None else argv
+    if flag not in argv and os.environ.get(ASK_VARIABLE) != "1":
+        return
+    if interactive():
+        print(
+            f"tfm: not restarting with huge-page malloc ({flag}) in an interactive session",
+            file=sys.stderr,
+        )
+        return
+    restart_with_huge_page_malloc()

@@ -17,8 +17,8 @@ A static argument outside plain values (numbers, strings, tuples, dicts, datacla
 tuples of them, an unbound Flax module) or a program on several devices is not saved: it runs
 through `jax.jit` as before, and so does one that XLA cannot serialize (an executable jit
 compiled earlier in the same process is one: the next process saves it). Entries live in
-`<jax_compilation_cache_dir>/tfm-programs/`, only when JAX's cache directory is set
-(`tfm.compilation_cache.enable`), and like JAX's own entries are never pruned (delete the
+`<jax_compilation_cache_dir>/tfm-programs/`, only when JAX's cache directory was set by tfm
+(`tfm.compilation_cache.enable`, which makes that subdirectory), and like JAX's own entries are never pruned (delete the
 directory to reclaim the space). Loading one runs compiled code from that directory, the same
 trust as JAX's own cache.
 """
@@ -54,9 +54,14 @@ class Unsaveable(Exception):
 
 
 def directory() -> pathlib.Path | None:
-    """Where programs are saved: under JAX's persistent cache directory, if one is set."""
+    """Where programs are saved: `tfm-programs/` under JAX's persistent cache directory, when
+    that directory is tfm's own (`tfm.compilation_cache.enable` made the subdirectory); None
+    otherwise, so a cache directory that a user set for JAX gets nothing of tfm's."""
     cache = jax.config.jax_compilation_cache_dir
-    return pathlib.Path(cache) / SUBDIRECTORY if cache else None
+    if not cache:
+        return None
+    root = pathlib.Path(cache) / SUBDIRECTORY
+    return root if root.is_dir() else None
 
 
 class Call(NamedTuple):
