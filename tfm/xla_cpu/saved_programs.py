@@ -18,9 +18,9 @@ tuples of them, an unbound Flax module) or a program on several devices is not s
 through `jax.jit` as before, and so does one that XLA cannot serialize (an executable jit
 compiled earlier in the same process is one: the next process saves it). Entries live in
 `<jax_compilation_cache_dir>/tfm-programs/`, only when JAX's cache directory was set by tfm
-(`tfm.compilation_cache.enable`, which makes that subdirectory), and like JAX's own entries are never pruned (delete the
-directory to reclaim the space). Loading one runs compiled code from that directory, the same
-trust as JAX's own cache.
+(`tfm.compilation_cache.enable`, which makes that subdirectory), and like JAX's own entries are
+never pruned (delete the directory to reclaim the space). Loading one runs compiled code from that
+directory, the same trust as JAX's own cache.
 """
 
 from __future__ import annotations
