@@ -225,7 +225,7 @@ def test_the_readme_recipes_translate_with_both_exports(trained, monkeypatch):
     assert greedy_bleu > 30  # the model has learned to translate
     for recipe in recipes:
         scope = {"lines": sentences}
-        exec(compile(recipe, "README.md", "exec"), scope)
+        exec(compile(recipe, "docs/export.md", "exec"), scope)
         translations = scope["translations"]
         assert len(translations) == len(sentences) and all(translations)
         # beam 4, another length penalty (and int8 for CTranslate2): not tfm's greedy outputs

@@ -1,20 +1,39 @@
+"""Every python example in the README and in docs/ runs (those marked `<!-- example: KIND -->`
+run in the test of that feature, e.g. the export recipes in tests/test_export.py)."""
+
 import pathlib
 import re
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 
-def _python_blocks(kind: str = "") -> list[str]:
-    """The README's python examples; `kind` selects those marked `<!-- example: KIND -->` (run by
-    the test of that feature, e.g. the export examples need an exported model), "" the rest."""
-    blocks = re.findall(
-        r"(<!-- example: (\w+) -->\n)?```python\n(.*?)```", README.read_text(), re.S
-    )
-    return [code for _, marked, code in blocks if marked == kind]
+def _python_blocks(kind: str = "", documents: list[pathlib.Path] | None = None) -> list[str]:
+    """The python examples of `documents` (default: the README and docs/); `kind` selects those
+    marked `<!-- example: KIND -->`, "" the unmarked ones."""
+    found = []
+    for document in documents or DOCUMENTS:
+        blocks = re.findall(
+            r"(<!-- example: (\w+) -->\n)?```python\n(.*?)```", document.read_text(), re.S
+        )
+        found += [code for _, marked, code in blocks if marked == kind]
+    return found
 
 
-def test_readme_library_example_runs():
-    blocks = _python_blocks()
-    assert blocks, "README.md has no python example"
-    for block in blocks:
-        exec(compile(block, str(README), "exec"), {})
+def test_the_readme_has_a_library_example_and_stays_short():
+    assert _python_blocks(documents=[README]), "README.md has no python example"
+    assert len(README.read_text().splitlines()) <= 300
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.name)
+def test_the_python_examples_run(document):
+    for block in _python_blocks(documents=[document]):
+        exec(compile(block, str(document), "exec"), {})
+
+
+def test_every_document_the_readme_links_to_exists():
+    for target in re.findall(r"\]\(((?:docs|benchmarks)/[^)#]+)\)", README.read_text()):
+        assert (ROOT / target).is_file(), target
