@@ -32,7 +32,7 @@ def main() -> None:
     from profile_ops import MATMUL, hlo_ops, traced_ops
 
     from tfm.data.prepare import prepare
-    from tfm.inference import slots, translate
+    from tfm.inference import decoding, slots, translate
     from tfm.job.workdir import load, scored_average
     from tfm.tokens import EOS_ID
 
@@ -43,7 +43,9 @@ def main() -> None:
     sources = [source for source, _ in data.texts(args.split)]
     encoded = translate.encode_sources(loaded.tokenizer, sources, config)
     (part,) = [p for p in translate._plan(encoded, config) if p.length == args.bucket]
-    settings = translate._stream_settings(config, part.rows, part.length)
+    settings = translate._stream_settings(
+        config, part.rows, part.length, decoding.longest_output(loaded.model)
+    )
     stream = [np.asarray([*encoded[i], EOS_ID], np.int32) for i in part.sentences]
 
     def run():

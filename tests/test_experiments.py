@@ -62,14 +62,10 @@ def test_each_miniature_row_changes_what_its_paper_row_changes(row):
     mini_change = _changes(_config_values(table3_mini.get_config(row)), mini_base)
     assert sorted(mini_change) == sorted(paper_change)
     for field, value in paper_change.items():
-        # the same direction (more or fewer heads, layers, ...) or the same value
-        assert _direction(mini_change[field], mini_base[field]) == _direction(
-            value, paper_base[field]
-        ), field
         if field in ("dropout_rate", "label_smoothing", "positional"):
-            assert mini_change[field] == value
-        if field == "train_steps":  # the big model trains 3x as long in both
-            assert mini_change[field] / mini_base[field] == value / paper_base[field]
+            assert mini_change[field] == value, field  # the same value
+        else:  # the same ratio to the base: heads, widths, layers, steps
+            assert mini_change[field] / mini_base[field] == value / paper_base[field], field
     mini = table3_mini.get_config(row).model
     if row.startswith("A"):  # row A keeps h * d_k = d_model
         assert mini.num_heads * mini.d_k == mini.d_model == mini.num_heads * mini.d_v
@@ -134,31 +130,96 @@ def test_the_job_array_is_valid_bash_and_runs_one_train_py_per_row_and_seed(tmp_
         assert f"--config.seed={run.seed}" in args and "--config.data_dir=/data/wmt" in args
 
 
-def _row(name, bleu, ppl, bleu_std=None, ppl_std=None):
+def _row(name, bleu, ppl, curve=None, copy_floor=10.0):
+    """An aggregated row as `table3_report.aggregate` makes it, from per-seed values."""
+
+    def spread(values):
+        return dict(
+            mean=float(np.mean(values)),
+            std=float(np.std(values, ddof=1)) if len(values) > 1 else None,
+            values=list(values),
+        )
+
+    curve = curve or [[1000, 8.0], [3750, 5.0], [5000, 4.9]]
     return dict(
         row=name,
-        dev_tokenized_bleu=dict(mean=bleu, std=bleu_std),
-        dev_perplexity=dict(mean=ppl, std=ppl_std),
+        dev_tokenized_bleu=spread(bleu),
+        dev_sacrebleu=spread(bleu),
+        dev_perplexity=spread(ppl),
+        copy_floor=copy_floor,
+        last_quarter_change=spread([table3_report.last_quarter_change(curve)] * len(bleu)),
+        curve=curve,
+        paper=dict(dev_bleu=None, dev_perplexity=None, params_millions=None),
     )
 
 
-def test_findings_count_only_differences_beyond_twice_the_base_seed_std():
+def test_findings_count_differences_beyond_twice_their_standard_error():
+    # BLEU: the base's 3 seeds have variance 0.25, every other row's 2 seeds 0.08; pooled over
+    # 2 + 6 x 1 degrees of freedom: sqrt((2 x 0.25 + 6 x 0.08) / 8) = 0.35, so a difference
+    # from the base counts beyond 2 x 0.35 x sqrt(1/3 + 1/2) = 0.639, between two 2-seed rows
+    # beyond 0.70. Perplexity: 0.04 and 0.02, pooled 0.158; beyond 0.289 from the base.
+    def seeds(mean, half):
+        return [mean - half, mean + half]
+
     rows = [
-        _row("base", 20.0, 10.0, bleu_std=0.5, ppl_std=0.2),
-        _row("A1", 18.9, 11.0),  # -1.1 < -2 x 0.5: worse, reproduced
-        _row("A16", 20.2, 10.0),
-        _row("A32", 19.5, 10.0),  # -0.7 vs A16: within 1.0, unresolved
-        _row("B16", 21.5, 9.0),  # better by 1.5: the opposite of the claim
-        _row("D_ls0.0", 19.8, 9.0),  # ppl -1.0 (beyond 0.4), bleu -0.2 (within 1.0)
-        _row("E", 20.4, 10.0),  # within 1.0: "nearly identical" reproduced
+        _row("base", [19.5, 20.0, 20.5], [9.8, 10.0, 10.2]),
+        _row("A1", seeds(18.9, 0.2), seeds(11.0, 0.1)),  # -1.1: worse, reproduced
+        _row("A16", seeds(20.2, 0.2), seeds(10.0, 0.1)),
+        _row("A32", seeds(19.6, 0.2), seeds(10.0, 0.1)),  # -0.6 vs A16: not resolved
+        _row("B16", seeds(21.5, 0.2), seeds(9.0, 0.1)),  # +1.5: the opposite of the claim
+        _row("D_ls0.0", seeds(19.8, 0.2), seeds(9.0, 0.1)),  # ppl -1.0 beyond; bleu -0.2 within
+        _row("E", seeds(20.4, 0.2), seeds(10.0, 0.1)),  # +0.4 within: "nearly identical"
+        _row("C_N2", seeds(20.0, 0.2), seeds(10.0, 0.1)),
     ]
-    verdicts = {f["claim"]: f["verdict"] for f in table3_report.judge_findings(rows)}
-    assert verdicts["single-head attention is worse than the base"] == "reproduced"
-    assert verdicts["too many heads also hurt"] == "not resolved at this scale"
-    assert verdicts["reducing the key size d_k hurts"] == "not reproduced"
-    assert verdicts["label smoothing hurts perplexity but helps BLEU"] == "partly reproduced"
-    assert verdicts["learned positions are nearly identical to sinusoids"] == "reproduced"
-    assert verdicts["bigger models are better"] == "not run"
+    std, freedom = table3_report.pooled_std(rows, "dev_tokenized_bleu")
+    assert freedom == 9 and std == pytest.approx(np.sqrt((2 * 0.25 + 7 * 0.08) / 9))
+    rows = rows[:-1]  # C_N2 only checked the pooling; C_N8 has not run
+    std, freedom = table3_report.pooled_std(rows, "dev_tokenized_bleu")
+    assert freedom == 8 and std == pytest.approx(0.35)
+    verdicts = {f["comparison"]: f for f in table3_report.judge_findings(rows)}
+    assert verdicts["A1 - base"]["verdict"] == "reproduced"
+    assert verdicts["A1 - base"]["details"] == "bleu -1.10 (2 SE 0.64)"
+    assert verdicts["A32 - A16"]["verdict"] == "not resolved"
+    assert verdicts["B16 - base"]["verdict"] == "not reproduced"
+    claims = {f["claim"]: f["verdict"] for f in table3_report.judge_findings(rows)}
+    assert claims["label smoothing hurts perplexity"] == "reproduced"
+    assert claims["label smoothing helps BLEU"] == "not resolved"
+    assert claims["learned positions are nearly identical to sinusoids"] == "reproduced"
+    assert claims["deeper is better (N 8 against 2)"] == "not run"
+
+
+def test_no_verdict_when_the_base_has_not_reached_the_regime():
+    settled = [[1000, 8.0], [3750, 5.0], [5000, 4.8]]  # -4% over the last quarter
+    learning = [[1000, 8.0], [3750, 6.0], [5000, 5.0]]  # -17%
+    for curve, bleu, reached in (
+        (settled, 26.0, True),
+        (learning, 26.0, False),
+        (settled, 22.0, False),
+    ):
+        rows = [
+            _row("base", [bleu, bleu + 0.4], [4.8, 4.8], curve=curve, copy_floor=19.35),
+            _row("A1", [bleu - 3, bleu - 3], [6.0, 6.0], curve=curve),
+        ]
+        assert table3_report.regime(rows)["reached"] is reached
+        (verdict,) = [
+            f for f in table3_report.judge_findings(rows) if f["comparison"] == "A1 - base"
+        ]
+        assert verdict["verdict"] == ("reproduced" if reached else "regime not reached")
+
+
+def test_spearman_is_the_rank_formula_and_its_interval_holds_it():
+    ours, paper = [3.0, 1.0, 2.0, 5.0, 4.0], [30.0, 10.0, 40.0, 50.0, 20.0]
+    ranks_ours, ranks_paper = [3, 1, 2, 5, 4], [3, 1, 4, 5, 2]
+    d2 = sum((a - b) ** 2 for a, b in zip(ranks_ours, ranks_paper, strict=True))
+    assert table3_report.spearman(ours, paper) == pytest.approx(1 - 6 * d2 / (5 * 24))
+    assert table3_report.spearman([1, 2, 2, 3], [1, 2, 2, 3]) == pytest.approx(1.0)  # ties
+    rows = [
+        dict(_row(f"r{i}", [v, v + 0.1], [1.0, 1.0]), paper=dict(dev_bleu=p, dev_perplexity=1.0))
+        for i, (v, p) in enumerate(zip(ours, paper, strict=True))
+    ]
+    agreement = table3_report.rank_agreement(rows, "dev_tokenized_bleu", "dev_bleu", draws=500)
+    assert agreement["spearman"] == pytest.approx(1 - 6 * d2 / (5 * 24))
+    assert -1.0 <= agreement["low"] <= agreement["spearman"] <= agreement["high"] <= 1.0
 
 
 @pytest.mark.slow

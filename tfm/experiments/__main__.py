@@ -26,8 +26,8 @@ from tfm.experiments.sweep import (
     Settings,
     Sweep,
     SweepError,
-    final_perplexity,
     parse_rows,
+    perplexity_curve,
     plan,
 )
 
@@ -54,10 +54,13 @@ def collect(sweep: Sweep) -> dict:
         if result is None:
             print(f"{workdir}: not finished, left out of the table", file=sys.stderr)
             continue
-        step = result["training"]["step"]
-        runs[row].append(table3_report.run_summary(result, final_perplexity(workdir, step)))
+        runs[row].append(table3_report.run_summary(result, perplexity_curve(workdir)))
     rows = table3_report.aggregate(runs)
     findings = table3_report.judge_findings(rows)
+    agreement = {
+        "tokenized BLEU": table3_report.rank_agreement(rows, "dev_tokenized_bleu", "dev_bleu"),
+        "perplexity": table3_report.rank_agreement(rows, "dev_perplexity", "dev_perplexity"),
+    }
     scale = sweep.settings.scale
     title = f"Table 3 ({scale} scale) — tfm beside the paper"
     table = dict(
@@ -66,16 +69,22 @@ def collect(sweep: Sweep) -> dict:
         data_dir=sweep.settings.data_dir,
         overrides=list(sweep.settings.overrides),
         evaluation="validation split, beam 4, alpha 0.6, last checkpoint (no averaging)",
+        regime=table3_report.regime(rows),
         rows=rows,
         findings=findings,
+        spearman=agreement,
+        hosts=sorted({s["host"] or "unknown" for v in runs.values() for s in v}),
         runs={row: summaries for row, summaries in runs.items() if summaries},
-        # the sum of every run's own wall time (training, evaluation, translation)
+        # the sum of every run's own wall time (training, evaluation, translation), and the
+        # core-hours it took (each run used every core of its process's affinity)
         run_wall_seconds=sum(s["wall_seconds"] or 0 for v in runs.values() for s in v),
     )
     (sweep.root / "table3.json").write_text(json.dumps(table, indent=1) + "\n")
     floors = [s["dev_copy_source_sacrebleu"] for v in runs.values() for s in v]
     floor = floors[0] if floors else None
-    (sweep.root / "table3.md").write_text(table3_report.markdown(rows, findings, title, floor))
+    (sweep.root / "table3.md").write_text(
+        table3_report.markdown(rows, findings, title, floor, agreement)
+    )
     table3_report.figure(rows, sweep.root / "table3.png", title)
     return table
 
@@ -120,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
             table = collect(sweep)
             print((sweep.root / "table3.md").read_text())
             return 0 if table["rows"] else 1
-        settings = Settings(
-            args.scale, str(pathlib.Path(args.data_dir).resolve()), tuple(args.override)
-        )
+        # kept as given: a relative data dir is the checkout's, so a sweep committed on one
+        # machine continues in another checkout
+        settings = Settings(args.scale, args.data_dir, tuple(args.override))
         sweep = Sweep(args.workdir, settings, _repo())
         runs = plan(parse_rows(args.rows), args.seeds, args.base_seeds)
         sweep.claim()

@@ -131,7 +131,7 @@ class Sweep:
             f"--config={self.repo / CONFIG_FILES[self.settings.scale]}:{run.row}",
             f"--workdir={self.workdir(run)}",
             f"--config.seed={run.seed}",
-            f"--config.data_dir={self.settings.data_dir}",
+            f"--config.data_dir={self.repo / self.settings.data_dir}",
             *self.settings.overrides,
         ]
 
@@ -219,9 +219,12 @@ def read_metrics(workdir: pathlib.Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def final_perplexity(workdir: pathlib.Path, step: int) -> float:
-    """Validation perplexity per target piece (unsmoothed NLL) at the run's last step."""
-    evals = [r for r in read_metrics(workdir) if r.get("kind") == "eval" and r["step"] == step]
+def perplexity_curve(workdir: pathlib.Path) -> list[tuple[int, float]]:
+    """Validation perplexity per target piece (unsmoothed NLL) at every evaluation of the run,
+    in step order, the last one at the run's last step."""
+    evals = {
+        r["step"]: float(r["perplexity"]) for r in read_metrics(workdir) if r.get("kind") == "eval"
+    }
     if not evals:
-        raise SweepError(f"{workdir / 'metrics.jsonl'}: no validation record at step {step}")
-    return float(evals[-1]["perplexity"])
+        raise SweepError(f"{workdir / 'metrics.jsonl'}: no validation record")
+    return sorted(evals.items())

@@ -1,14 +1,17 @@
 """Table 3 from finished runs: per-row dev perplexity, dev BLEU (sacreBLEU and the paper's
-tokenized BLEU) and parameter count beside the paper's figures; the section 6.2 findings judged
-against the base row's seed spread; the table as Markdown and as a figure."""
+tokenized BLEU) and parameter count beside the paper's figures; whether the base reached the
+regime where verdicts mean something; the section 6.2 findings, each difference judged against
+its standard error; the Spearman rank correlation with the paper's rows; Markdown and a figure."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 import statistics
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -31,8 +34,10 @@ COLUMNS = (
 )
 
 
-def run_summary(result: dict, perplexity: float) -> dict:
-    """One finished run's figures from its results.json and final validation perplexity."""
+def run_summary(result: dict, curve: list[tuple[int, float]]) -> dict:
+    """One finished run's figures from its results.json and its validation perplexity curve
+    `[(step, perplexity), ...]` (the last point is the run's final perplexity)."""
+    perplexity = curve[-1][1]
     model = dict(result["config"]["model"])
     vocab_size = result["data"]["vocab_size"]
     validation = result["validation"]
@@ -51,6 +56,8 @@ def run_summary(result: dict, perplexity: float) -> dict:
         ),
         train_seconds=result["training"].get("seconds"),
         wall_seconds=result.get("wall_seconds"),
+        host=result.get("host", {}).get("cpu"),
+        curve=[list(point) for point in curve],
     )
 
 
@@ -79,6 +86,9 @@ def aggregate(runs: dict[str, list[dict]]) -> list[dict]:
                 dev_perplexity=_spread([s["dev_perplexity"] for s in summaries]),
                 dev_sacrebleu=_spread([s["dev_sacrebleu"] for s in summaries]),
                 dev_tokenized_bleu=_spread([s["dev_tokenized_bleu"] for s in summaries]),
+                copy_floor=summaries[0]["dev_copy_source_sacrebleu"],
+                last_quarter_change=_spread([last_quarter_change(s["curve"]) for s in summaries]),
+                curve=mean_curve([s["curve"] for s in summaries]),
                 paper=dict(
                     params_millions=preset.paper_params_millions,
                     dev_perplexity=preset.paper_dev_ppl,
@@ -89,80 +99,163 @@ def aggregate(runs: dict[str, list[dict]]) -> list[dict]:
     return rows
 
 
+def last_quarter_change(curve: list) -> float:
+    """How much validation perplexity fell over the last quarter of training: 1 - ppl(T) /
+    ppl(3T/4), the evaluation nearest 3T/4 standing for it."""
+    final_step, final = curve[-1]
+    quarter = min(curve, key=lambda point: abs(point[0] - 0.75 * final_step))
+    return 1.0 - final / quarter[1]
+
+
+def mean_curve(curves: list[list]) -> list[list[float]]:
+    """The seeds' validation perplexity averaged step by step (steps all seeds evaluated)."""
+    steps = sorted(set.intersection(*(set(step for step, _ in c) for c in curves)))
+    by_step = [dict((step, ppl) for step, ppl in c) for c in curves]
+    return [[step, statistics.fmean(c[step] for c in by_step)] for step in steps]
+
+
+# The regime where Table 3's verdicts mean something (issue: a base that learned, and settled)
+REGIME_BLEU_ABOVE_COPY = 5.0
+REGIME_LAST_QUARTER_CHANGE = 0.10
+
+
+def regime(rows: list[dict]) -> dict:
+    """Whether the base row reached the regime: its dev sacreBLEU at least 5 above copying the
+    source, and its dev perplexity changing by less than 10% over the last quarter of training
+    (mean over seeds)."""
+    base = next((r for r in rows if r["row"] == "base"), None)
+    if base is None:
+        return dict(reached=False, why="the base row has not run")
+    above = base["dev_sacrebleu"]["mean"] - base["copy_floor"]
+    change = base["last_quarter_change"]["mean"]
+    reached = above >= REGIME_BLEU_ABOVE_COPY and abs(change) < REGIME_LAST_QUARTER_CHANGE
+    return dict(
+        reached=reached,
+        bleu_above_copy=above,
+        last_quarter_change=change,
+        why=(
+            f"base dev sacreBLEU {above:+.2f} over copying the source (needs >= "
+            f"{REGIME_BLEU_ABOVE_COPY:g}); dev perplexity changed {100 * change:.1f}% over the "
+            f"last quarter of training (needs < {100 * REGIME_LAST_QUARTER_CHANGE:g}%)"
+        ),
+    )
+
+
+def pooled_std(rows: list[dict], key: str) -> tuple[float | None, int]:
+    """The seed standard deviation pooled over every row with 2+ seeds, sqrt(sum (n_i - 1)
+    s_i^2 / sum (n_i - 1)), and its degrees of freedom."""
+    spreads = [r[key] for r in rows if len(r[key]["values"]) > 1]
+    freedom = sum(len(s["values"]) - 1 for s in spreads)
+    if not freedom:
+        return None, 0
+    variance = sum((len(s["values"]) - 1) * s["std"] ** 2 for s in spreads) / freedom
+    return math.sqrt(variance), freedom
+
+
 @dataclasses.dataclass(frozen=True)
 class Finding:
-    """One claim of section 6.2 as comparisons between rows: (row, other, metric, sign) holds
-    when sign * (row - other) > 0 by more than twice the base row's seed std of `metric`."""
+    """One comparison behind a claim of section 6.2: `sign * (row - other)` of `metric` (dev
+    BLEU or perplexity) should be positive (kind "differs"), or within its noise ("similar")."""
 
     claim: str
-    comparisons: tuple[tuple[str, str, str, int], ...]
-    # "similar": the claim is that there is NO difference (row E)
+    row: str
+    other: str
+    metric: str
+    sign: int
     kind: str = "differs"
 
 
+# the paper's sentences split where they bundle several comparisons
 FINDINGS = (
-    Finding("single-head attention is worse than the base", (("A1", "base", "bleu", -1),)),
-    Finding("too many heads also hurt", (("A32", "A16", "bleu", -1),)),
-    Finding("reducing the key size d_k hurts", (("B16", "base", "bleu", -1),)),
+    Finding("single-head attention is worse than the base", "A1", "base", "bleu", -1),
+    Finding("too many heads also hurt (32 against 16)", "A32", "A16", "bleu", -1),
+    Finding("reducing the key size d_k hurts", "B16", "base", "bleu", -1),
+    Finding("deeper is better (N 8 against 2)", "C_N8", "C_N2", "bleu", 1),
+    Finding("a wider model is better (d_model 1024 against 256)", "C_d1024", "C_d256", "bleu", 1),
+    Finding("a wider FFN is better (d_ff 4096 against 1024)", "C_ff4096", "C_ff1024", "bleu", 1),
+    Finding("the big model is better than the base", "big", "base", "bleu", 1),
+    Finding("dropout helps against over-fitting", "D_drop0.0", "base", "bleu", -1),
+    Finding("label smoothing hurts perplexity", "D_ls0.0", "base", "perplexity", -1),
+    Finding("label smoothing helps BLEU", "D_ls0.0", "base", "bleu", -1),
     Finding(
-        "bigger models are better",
-        (
-            ("C_N8", "C_N2", "bleu", 1),
-            ("C_d1024", "C_d256", "bleu", 1),
-            ("C_ff4096", "C_ff1024", "bleu", 1),
-            ("big", "base", "bleu", 1),
-        ),
-    ),
-    Finding("dropout helps against over-fitting", (("D_drop0.0", "base", "bleu", -1),)),
-    Finding(
-        "label smoothing hurts perplexity but helps BLEU",
-        (("D_ls0.0", "base", "perplexity", -1), ("D_ls0.0", "base", "bleu", -1)),
-    ),
-    Finding(
-        "learned positions are nearly identical to sinusoids",
-        (("E", "base", "bleu", 0),),
-        kind="similar",
+        "learned positions are nearly identical to sinusoids", "E", "base", "bleu", 0, "similar"
     ),
 )
 
 
 def judge_findings(rows: list[dict], metric_key: str = "dev_tokenized_bleu") -> list[dict]:
-    """Each finding: reproduced / not reproduced / not resolved at this scale, with the
-    differences behind it. A difference counts only beyond twice the base row's seed std. BLEU
-    is the paper's tokenized BLEU unless `metric_key` says otherwise."""
+    """Each comparison: reproduced / not reproduced / not resolved, or "regime not reached"
+    for all of them when the base did not reach the regime (`regime`). A difference counts when
+    it exceeds twice its standard error, pooled seed std x sqrt(1/n1 + 1/n2). BLEU is the
+    paper's tokenized BLEU unless `metric_key` says otherwise."""
     by_row = {r["row"]: r for r in rows}
-    base = by_row.get("base")
     keys = {"bleu": metric_key, "perplexity": "dev_perplexity"}
+    reached = regime(rows)["reached"]
     verdicts = []
     for finding in FINDINGS:
-        details, outcomes = [], []
-        for row, other, metric, sign in finding.comparisons:
-            std = base[keys[metric]]["std"] if base else None
-            if row not in by_row or other not in by_row or std is None:
-                outcomes.append("missing")
-                details.append(f"{row} vs {other}: not run (or the base has < 2 seeds)")
-                continue
-            diff = by_row[row][keys[metric]]["mean"] - by_row[other][keys[metric]]["mean"]
-            threshold = 2 * std
-            if finding.kind == "similar":
-                outcomes.append("yes" if abs(diff) <= threshold else "no")
-            elif abs(diff) <= threshold:
-                outcomes.append("unresolved")
-            else:
-                outcomes.append("yes" if diff * sign > 0 else "no")
-            details.append(f"{row} - {other} {metric} {diff:+.2f} (2 x base std {threshold:.2f})")
-        if "missing" in outcomes:
-            verdict = "not run"
-        elif all(o == "yes" for o in outcomes):
-            verdict = "reproduced"
-        elif "no" in outcomes:
-            verdict = "not reproduced"
-        elif "yes" in outcomes:
-            verdict = "partly reproduced"
+        key = keys[finding.metric]
+        std, _ = pooled_std(rows, key)
+        verdict = dict(claim=finding.claim, comparison=f"{finding.row} - {finding.other}")
+        if finding.row not in by_row or finding.other not in by_row or std is None:
+            verdicts.append(dict(verdict, verdict="not run", details="not run (or < 2 seeds)"))
+            continue
+        ours, theirs = by_row[finding.row][key], by_row[finding.other][key]
+        diff = ours["mean"] - theirs["mean"]
+        error = std * math.sqrt(1 / len(ours["values"]) + 1 / len(theirs["values"]))
+        details = f"{finding.metric} {diff:+.2f} (2 SE {2 * error:.2f})"
+        if not reached:
+            outcome = "regime not reached"
+        elif finding.kind == "similar":
+            outcome = "reproduced" if abs(diff) <= 2 * error else "not reproduced"
+        elif abs(diff) <= 2 * error:
+            outcome = "not resolved"
         else:
-            verdict = "not resolved at this scale"
-        verdicts.append(dict(claim=finding.claim, verdict=verdict, details=details))
+            outcome = "reproduced" if diff * finding.sign > 0 else "not reproduced"
+        verdicts.append(dict(verdict, verdict=outcome, details=details, difference=diff))
     return verdicts
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks from 1, ties given their average rank."""
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(1, len(values) + 1)
+    for value in np.unique(values):
+        tied = values == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+def spearman(a, b) -> float:
+    """Spearman's rank correlation: Pearson's correlation of the ranks."""
+    ra, rb = _ranks(np.asarray(a, float)), _ranks(np.asarray(b, float))
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denominator = math.sqrt(float((ra**2).sum() * (rb**2).sum()))
+    return float((ra * rb).sum() / denominator) if denominator else float("nan")
+
+
+def rank_agreement(
+    rows: list[dict], key: str, paper_key: str, draws: int = 2000, seed: int = 0
+) -> dict:
+    """Spearman correlation between tfm's rows and the paper's on one figure, with a 95%
+    percentile bootstrap interval: each draw resamples the rows, and each row's seeds, with
+    replacement."""
+    usable = [r for r in rows if r["paper"][paper_key] is not None]
+    ours = [r[key]["values"] for r in usable]
+    paper = np.array([r["paper"][paper_key] for r in usable], float)
+    estimate = spearman([np.mean(v) for v in ours], paper)
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(draws):
+        pick = rng.integers(0, len(usable), len(usable))
+        if len(set(paper[pick])) < 2:
+            continue
+        means = [np.mean(rng.choice(ours[i], len(ours[i]))) for i in pick]
+        value = spearman(means, paper[pick])
+        if value == value:
+            samples.append(value)
+    low, high = np.percentile(samples, [2.5, 97.5]) if samples else (float("nan"),) * 2
+    return dict(spearman=estimate, low=float(low), high=float(high), rows=len(usable))
 
 
 def _cell(spread: dict, digits: int) -> str:
@@ -173,7 +266,11 @@ def _cell(spread: dict, digits: int) -> str:
 
 
 def markdown(
-    rows: list[dict], findings: list[dict], title: str, copy_floor: float | None = None
+    rows: list[dict],
+    findings: list[dict],
+    title: str,
+    copy_floor: float | None = None,
+    agreement: dict | None = None,
 ) -> str:
     """The table laid out like the paper's Table 3: settings (blank = as in base), then tfm's
     dev PPL / BLEU / params beside the paper's."""
@@ -213,12 +310,32 @@ def markdown(
             if copy_floor is None
             else f" Copying the source unchanged scores {copy_floor:.2f} sacreBLEU on this split."
         ),
+    ]
+    state = regime(rows)
+    lines += [
         "",
-        "| finding (section 6.2) | at this scale | differences |",
-        "|---|---|---|",
+        f"Regime: {'reached' if state['reached'] else 'NOT reached'} ({state['why']}).",
+    ]
+    for name, figure_agreement in (agreement or {}).items():
+        lines.append(
+            f"Spearman rank correlation with the paper's rows, {name}: "
+            f"{figure_agreement['spearman']:+.2f} (95% bootstrap interval "
+            f"{figure_agreement['low']:+.2f} to {figure_agreement['high']:+.2f}, "
+            f"{figure_agreement['rows']} rows)."
+        )
+    lines += [
+        "",
+        "| finding (section 6.2) | comparison | at this scale | difference (2 standard errors) |",
+        "|---|---|---|---|",
     ]
     for f in findings:
-        lines.append(f"| {f['claim']} | {f['verdict']} | {'; '.join(f['details'])} |")
+        lines.append(f"| {f['claim']} | {f['comparison']} | {f['verdict']} | {f['details']} |")
+    lines += [
+        "",
+        "A difference counts when it exceeds twice its standard error: the seed standard "
+        "deviation pooled over every row with several seeds, times sqrt(1/n1 + 1/n2). No verdict "
+        "is given when the base did not reach the regime.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -256,6 +373,35 @@ def figure(rows: list[dict], output: pathlib.Path, title: str) -> None:
     axes[0].set_title(title)
     axes[1].set_xticks(range(len(names)))
     axes[1].set_xticklabels(names, rotation=60, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(output)
+    plt.close(fig)
+    curves(rows, output.with_name(output.stem + "_curves" + output.suffix), title)
+
+
+def curves(rows: list[dict], output: pathlib.Path, title: str) -> None:
+    """Each row's validation perplexity against training step (mean over its seeds), log
+    scale, the base in black: how far each row had settled when it stopped."""
+    fig, ax = plt.subplots(figsize=(11, 6), dpi=120)
+    colors = plt.colormaps["tab20"]
+    for i, r in enumerate(rows):
+        if not r.get("curve"):
+            continue
+        steps, ppl = zip(*r["curve"], strict=True)
+        base = r["row"] == "base"
+        ax.plot(
+            steps,
+            ppl,
+            color="black" if base else colors(i % 20),
+            lw=2.2 if base else 1.0,
+            label=r["row"],
+        )
+    ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("validation perplexity (per target piece)")
+    ax.set_title(title + ": learning curves")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(ncol=4, fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(output)
     plt.close(fig)

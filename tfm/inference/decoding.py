@@ -8,7 +8,8 @@ cross-attention K/V computed before the loop) and runs a search of `tfm.inferenc
 kernels the kit or the reference is chosen once for the whole search (`tfm.kernels`).
 
 The maximum output length is the paper's: each sentence may generate up to its own source
-length + `extra_length` (50) tokens, EOS included.
+length + `extra_length` (50) tokens, EOS included, and never more than the model's
+`max_positions` (`longest_output`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,13 @@ def positions_allocated(src_len: int, extra_length: int, chunk: int, max_steps: 
     return min(allowed, steps_allocated(max_steps, 0, chunk))
 
 
+def longest_output(model: Transformer, chunk: int = 8) -> int:
+    """The most tokens (EOS included) the model translates a sentence into, whatever its source:
+    `ModelConfig.max_positions` in whole chunks of the search. A learned position table (Table 3
+    row E) was trained on no more positions; for sinusoids it is the decoding cache's length."""
+    return max(model.config.max_positions // chunk, 1) * chunk
+
+
 def transformer_step_fn(model: Transformer, params) -> StepFn:
     """`Transformer.decode_step` with fixed parameters, as the searches call it."""
     variables = {"params": params}
@@ -101,13 +109,14 @@ def _transformer_one_token_per_step(
     chunk: int,
     max_steps: int | None,
 ) -> SearchResult:
-    steps = positions_allocated(src.shape[1], extra_length, chunk, max_steps)
+    longest = longest_output(model, chunk)
+    steps = min(positions_allocated(src.shape[1], extra_length, chunk, max_steps), longest)
 
     def search(model: Transformer, params, src: Array) -> SearchResult:
         return search_one_token_per_step(
             transformer_step_fn(model, params),
             encode_and_init_cache(model, params, src, 1, steps),
-            max_output_lengths(src, extra_length),
+            max_output_lengths(src, extra_length, longest),
             steps,
             pick,
             eos_id=eos_id,
@@ -225,13 +234,14 @@ def beam_search(
     hypotheses (`beams`) must be the k best, not only the first. Other arguments, `max_steps`
     too, as `greedy_search`.
     """
-    steps = positions_allocated(src.shape[1], extra_length, chunk, max_steps)
+    longest = longest_output(model, chunk)
+    steps = min(positions_allocated(src.shape[1], extra_length, chunk, max_steps), longest)
 
     def search(model: Transformer, params, src: Array) -> BeamSearchResult:
         return search_beams(
             transformer_step_fn(model, params),
             encode_and_init_cache(model, params, src, beam_size, steps),
-            max_output_lengths(src, extra_length),
+            max_output_lengths(src, extra_length, longest),
             steps,
             beam_size=beam_size,
             alpha=alpha,
@@ -248,6 +258,7 @@ __all__ = [
     "beam_search",
     "encode_and_init_cache",
     "greedy_search",
+    "longest_output",
     "max_output_lengths",
     "positions_allocated",
     "sample",

@@ -24,7 +24,12 @@ import numpy as np
 from flax import struct
 
 from tfm import kernels
-from tfm.inference.decoding import encode_and_init_cache, max_output_lengths, transformer_step_fn
+from tfm.inference.decoding import (
+    encode_and_init_cache,
+    longest_output,
+    max_output_lengths,
+    transformer_step_fn,
+)
 from tfm.inference.search import PAPER_ALPHA, PAPER_EXTRA_LENGTH, BeamState, beam_search_step
 from tfm.model import Transformer
 from tfm.tokens import EOS_ID, PAD_ID
@@ -158,7 +163,7 @@ def _encode_waiting(
     return Waiting(
         cross=tuple((layer.cross_k, layer.cross_v) for layer in cache.layers),
         src_valid=cache.src_valid,
-        max_lengths=max_output_lengths(src, extra_length),
+        max_lengths=max_output_lengths(src, extra_length, longest_output(model)),
         sentence=sentence,
     )
 

@@ -90,19 +90,12 @@ def default_batch_tokens(backend: str | None = None) -> int:
 
 
 def max_source_len_for(model: ModelConfig, extra_length: int, chunk: int = 8) -> int:
-    """The longest source (EOS included) whose translation fits the model's positions: with a
-    learned table (row E) the decoder needs the padded source length + extra_length positions,
-    rounded up to whole chunks of the search; sinusoids have no table, so `max_positions` only
-    bounds the source."""
-    if model.positional != "learned":
-        return model.max_positions
-    fits = model.max_positions // chunk * chunk - extra_length
-    if fits < 2:
-        raise ValueError(
-            f"ModelConfig.max_positions={model.max_positions} leaves no room for a source when "
-            f"outputs may run {extra_length} tokens past it; lower extra_length"
-        )
-    return fits
+    """The longest source (EOS included) translation accepts: the model's `max_positions`.
+    Outputs are capped there too (`decoding.longest_output`), so a learned table (row E) is
+    never read past the positions it was trained on. (`extra_length` and `chunk` are kept for
+    callers; the cap makes them irrelevant to the source.)"""
+    del extra_length, chunk
+    return model.max_positions
 
 
 class OverlongInputError(ValueError):
@@ -211,15 +204,19 @@ def _padded(sources: Sequence[Sequence[int]], rows: int, length: int) -> np.ndar
     return batch
 
 
-def _stream_settings(config: TranslateConfig, rows: int, length: int) -> slots.StreamSettings:
+def _stream_settings(
+    config: TranslateConfig, rows: int, length: int, longest: int
+) -> slots.StreamSettings:
     """Beam search's `tfm.inference.slots` settings for a bucket: as many positions as
-    `search_batch` first tries, blocks of 4 batches' sentences."""
+    `search_batch` first tries (at most the model's `longest` output), blocks of 4 batches'
+    sentences."""
+    first_try = decoding.positions_allocated(
+        length, config.extra_length, chunk=8, max_steps=first_try_steps(length)
+    )
     return slots.StreamSettings(
         rows=rows,
         src_len=length,
-        max_steps=decoding.positions_allocated(
-            length, config.extra_length, chunk=8, max_steps=first_try_steps(length)
-        ),
+        max_steps=min(first_try, longest),
         block=4 * rows,
         beam_size=config.beam_size,
         alpha=config.alpha,
@@ -240,7 +237,7 @@ def _beam_search_bucket(
     that need more are searched again in batches with all of them. `progress` hears of sources
     as they leave the slots."""
     sources = [np.asarray([*encoded[i], EOS_ID], np.int32) for i in part.sentences]
-    settings = _stream_settings(config, part.rows, part.length)
+    settings = _stream_settings(config, part.rows, part.length, decoding.longest_output(model))
     streams = config.streams_on_this_backend()
     # sources are sorted by length: every stream takes every `streams`-th, a share of each length
     shares = [range(k, len(sources), streams) for k in range(min(streams, len(sources)))]
@@ -318,7 +315,8 @@ class _CompileAhead:
             result = run_search(model, params, padding, config, first_try_steps(shape[1]))
             jax.block_until_ready(result)
             return
-        slots.compile_ahead(model, params, _stream_settings(config, *shape))
+        longest = decoding.longest_output(model)
+        slots.compile_ahead(model, params, _stream_settings(config, *shape, longest))
 
     def wait_for(self, shape) -> None:
         self._ready[shape].result()  # re-raises what compiling raised

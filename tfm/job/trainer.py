@@ -13,7 +13,9 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import pathlib
+import platform
 import signal
 import sys
 import time
@@ -364,9 +366,35 @@ def _run(config: JobConfig, workdir: str | pathlib.Path, profile: bool) -> dict:
     if config.final.enabled and lead:
         result[config.final.split] = evaluate_translations(job)
     result["wall_seconds"] = time.perf_counter() - wall_start
+    result["host"] = host_description()
     if lead:
         results_path.write_text(json.dumps(result, indent=1, default=str))
     return result
+
+
+def host_description() -> dict:
+    """What the run's times were measured on: the CPU model, the cores this process may use,
+    JAX's backend and devices."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            fields = dict(line.split(":", 1) for line in cpuinfo if ":" in line and line.strip())
+        named = {k.strip(): v.strip() for k, v in fields.items()}
+        cpu = named.get("model name", cpu)
+        if "cpu family" in named and "model" in named:
+            cpu += f" (family {named['cpu family']} model {named['model']})"
+    except OSError:
+        pass
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count()
+    return dict(
+        cpu=cpu,
+        cores=cores,
+        backend=jax.default_backend(),
+        devices=[str(d.device_kind) for d in jax.local_devices()],
+    )
 
 
 def format_report(result: dict) -> str:
