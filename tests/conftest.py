@@ -1,14 +1,28 @@
-"""What many tests share: the small Transformer they train, decode and shard."""
+"""What many tests share: the platform they run on, and the small Transformer they train,
+decode and shard.
+
+The suite runs tfm on JAX's CPU platform, whatever jaxlib is installed (a CUDA or TPU build
+included): JAX_PLATFORMS=cpu is set here, before JAX is imported, and every subprocess a test
+starts inherits it. Numbers the tests compare (equal outputs of two kernels, of a cached and an
+uncached search, of one and eight devices) are then computed on the same backend everywhere.
+Set TFM_TEST_PLATFORMS to run them on another platform instead (e.g. "cuda"); the tests that
+need a particular one say so and are skipped elsewhere.
+"""
 
 import os
 
-from tfm import ModelConfig
-
+os.environ["JAX_PLATFORMS"] = os.environ.get("TFM_TEST_PLATFORMS", "cpu")
 # decode.py keeps a persistent compilation cache in ~/.cache/tfm/jax by default; tests leave the
 # home directory alone (a test that checks the cache passes its own directory)
 os.environ["TFM_COMPILATION_CACHE"] = ""
 
+from tfm import ModelConfig  # noqa: E402
+
 TINY_MODEL = dict(num_layers=2, d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8, dropout_rate=0.0)
+
+
+def pytest_report_header(config):
+    return f"tfm tests on JAX platform(s): {os.environ['JAX_PLATFORMS']} (tests/conftest.py)"
 
 
 def tiny_model_config(vocab_size: int = 40, **changes) -> ModelConfig:

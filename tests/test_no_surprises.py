@@ -89,3 +89,37 @@ def test_importing_changes_no_jax_setting(module):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_suite_pins_the_cpu_platform_even_where_another_is_the_default():
+    """A GPU user's jaxlib makes CUDA JAX's default; the suite's conftest must win. Here a
+    subprocess asks JAX for a platform this host lacks first (as a CUDA jaxlib's default
+    would be) and then loads the conftest's setting: JAX initialises the CPU only."""
+    code = (
+        "import os, json\n"
+        "os.environ['JAX_PLATFORMS'] = 'cuda'\n"  # what a GPU install defaults to
+        "import tests.conftest\n"
+        "import jax\n"
+        "print(json.dumps([jax.default_backend(), os.environ['JAX_PLATFORMS']]))"
+    )
+    environment = {k: v for k, v in __import__("os").environ.items() if k != "TFM_TEST_PLATFORMS"}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=environment,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["cpu", "cpu"]
+    # and without the conftest, the same process would have asked for CUDA and failed
+    bare = subprocess.run(
+        [sys.executable, "-c", "import jax; jax.devices()"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**environment, "JAX_PLATFORMS": "cuda"},
+        timeout=300,
+    )
+    assert bare.returncode != 0

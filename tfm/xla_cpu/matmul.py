@@ -18,8 +18,7 @@ def summed_outer_product(a: Array, b: Array, dtype=None) -> Array:
     axis -> `[m, n]` (in `dtype`, else the inputs'). A weight gradient x^T g is computed here as
     the transpose of `summed_outer_product(g, x)` or taken as (x^T g)^T where that is cheaper to
     lay out (below)."""
-    a_rows, b_rows = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
-    return jnp.einsum("tm,tn->mn", a_rows, b_rows, preferred_element_type=dtype)
+    return jnp.einsum("...m,...n->mn", a, b, preferred_element_type=dtype)
 
 
 @jax.custom_vjp
@@ -42,7 +41,8 @@ def _tied_logits_backward(saved: tuple[Array, Array], grad: Array) -> tuple[Arra
     x, table = saved
     grad = grad.astype(x.dtype)
     grad_x = jnp.einsum("...v,vd->...d", grad, table, preferred_element_type=jnp.float32)
-    grad_table_t = summed_outer_product(x, grad, jnp.float32)
+    x_rows, grad_rows = x.reshape(-1, x.shape[-1]), grad.reshape(-1, grad.shape[-1])
+    grad_table_t = summed_outer_product(x_rows, grad_rows, jnp.float32)
     return grad_x.astype(x.dtype), grad_table_t.T.astype(table.dtype)
 
 
@@ -68,7 +68,8 @@ def _linear_backward(saved: tuple[Array, Array], grad: Array) -> tuple[Array, Ar
     the `[fan_out, fan_in]` product is small."""
     x, w = saved
     grad_x = jnp.dot(grad, w.T)
-    grad_w_t = summed_outer_product(grad, x)
+    x_rows, grad_rows = x.reshape(-1, x.shape[-1]), grad.reshape(-1, grad.shape[-1])
+    grad_w_t = summed_outer_product(grad_rows, x_rows)
     return grad_x, grad_w_t.T
 
 
