@@ -127,9 +127,7 @@ def test_one_incremental_step_at_a_time_is_the_papers(norm, positional):
     cache = model.apply(variables, encoded, src, 8, method=model.init_cache)
     for position in range(TGT_IN.shape[1]):
         tokens = jnp.asarray(TGT_IN[:, position])
-        logits, cache = model.apply(
-            variables, cache, tokens, position, method=model.decode_step
-        )
+        logits, cache = model.apply(variables, cache, tokens, position, method=model.decode_step)
         prefix = TGT_IN[:, : position + 1]
         expected = numpy_transformer(params, config, SRC, prefix)[:, -1]
         np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4, err_msg=position)
