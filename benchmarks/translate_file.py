@@ -148,7 +148,7 @@ def _first_run(workdir: str, data_dir: str, split: str, limit: int, cache: str) 
     compilation_cache.enable(cache)
     tfm = _tfm(workdir, data_dir, split, limit)
     start = time.perf_counter()
-    tfm.inference.translate([source for source, _ in tfm.pairs])
+    tfm.translate([source for source, _ in tfm.pairs])
     print(json.dumps(dict(seconds=time.perf_counter() - start)))
 
 
