@@ -358,7 +358,8 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="run every worker with glibc.malloc.hugetlb=1, as train.py and decode.py run "
-        "with --huge_page_malloc (tfm/xla_cpu/host_memory.py); --no-malloc_huge_pages: glibc's defaults for every worker",
+        "with --huge_page_malloc (tfm/xla_cpu/host_memory.py); --no-malloc_huge_pages: "
+        "glibc's defaults for every worker",
     )
     parser.add_argument("--out", help="also write the JSON to this file")
     args = parser.parse_args()

@@ -195,7 +195,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tfm-export-") as exported:
         systems = _systems(
             args.workdir,
-            tfm.inference.translate,
+            tfm.translate,
             tfm.checkpoints_averaged,
             exported,
             threads,

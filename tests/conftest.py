@@ -9,6 +9,7 @@ Set TFM_TEST_PLATFORMS to run them on another platform instead (e.g. "cuda"); th
 need a particular one say so and are skipped elsewhere.
 """
 
+import itertools
 import os
 
 os.environ["JAX_PLATFORMS"] = os.environ.get("TFM_TEST_PLATFORMS", "cpu")
@@ -28,3 +29,14 @@ def pytest_report_header(config):
 def tiny_model_config(vocab_size: int = 40, **changes) -> ModelConfig:
     """2+2 layers, d_model 32, 4 heads of width 8, d_ff 64, no dropout (unless changed)."""
     return ModelConfig(vocab_size=vocab_size, **{**TINY_MODEL, **changes})
+
+
+_FRESH = itertools.count(1)
+
+
+def fresh_model_config(vocab_size: int = 40, **changes) -> ModelConfig:
+    """A tiny config that no other call returns (its LayerNorm epsilon differs by a hair): the
+    programs of a model built from it are compiled anew, so a test can count compilations
+    whatever ran before it in the session."""
+    epsilon = 1e-6 * (1 + next(_FRESH) / 1024)
+    return tiny_model_config(vocab_size, layer_norm_epsilon=epsilon, **changes)

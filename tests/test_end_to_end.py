@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -252,7 +253,7 @@ def test_sigkill_and_restart_ends_bit_identical(tmp_path):
     expected = _digest(tmp_path / "straight")
 
     workdir = tmp_path / "killed"
-    kill_after = int(np.random.default_rng().integers(2, 6)) * 7  # a random checkpointed step
+    kill_after = 14  # the second checkpoint: 46 steps still to run when it appears
     process = subprocess.Popen(
         _args(tmp_path, workdir, steps, extra),
         cwd=ROOT,
@@ -261,6 +262,7 @@ def test_sigkill_and_restart_ends_bit_identical(tmp_path):
     )
     checkpoint = workdir / "checkpoints" / str(kill_after)
     assert _wait_for(checkpoint.exists, 600, process)
+    assert process.poll() is None, "the run finished before it could be killed"
     process.send_signal(signal.SIGKILL)
     process.wait()
     resumed = _run(_args(tmp_path, workdir, steps, extra))
@@ -297,6 +299,14 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     assert len(_digest(workdir)) == 1
 
 
+def _free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now (the OS picks it), for the coordinator of
+    two local processes: fixed ports collide with other runs on the same machine."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def test_two_processes_equal_one_process(tmp_path):
     steps = 12
     extra = [
@@ -314,7 +324,7 @@ def test_two_processes_equal_one_process(tmp_path):
     logs = tmp_path / "logs"
     processes = _two_processes(
         _args(tmp_path, tmp_path / "two", steps, extra),
-        port=23456 + os.getpid() % 1000,
+        port=_free_port(),
         log_dir=logs,
     )
     for rank, p in enumerate(processes):
@@ -348,7 +358,7 @@ def test_the_pmap_job_equals_the_mesh_job(tmp_path):
 
 
 def test_a_killed_peer_makes_the_survivor_exit(tmp_path):
-    port = 24456 + os.getpid() % 1000
+    port = _free_port()
     extra = [
         "--config.checkpoint_every_steps=100000",
         "--config.decode.enabled=False",

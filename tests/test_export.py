@@ -163,10 +163,17 @@ def test_ct2_export_translates_and_scores_as_tfm(trained):
     agree = quantized.translate_batch(source_pieces, beam_size=1, max_decoding_length=80)
     int8_ids = [[index[p] for p in r.hypotheses[0]] for r in agree]
     int8_ids = _cut_to_tfms_limits(int8_ids, ours, sentences, loaded.tokenizer)
-    same = sum(t == o for t, o in zip(int8_ids, ours, strict=True))
-    # int8 is an approximation (README: its BLEU on the real model); on this 64-wide model 14 of
-    # the 24 outputs stay identical
-    assert same >= 0.5 * len(ours)
+    # int8 is an approximation: how many outputs stay identical depends on the CPU's int8
+    # kernels, so what is held is their quality. Scored by the float model, the int8 outputs'
+    # log-probability per token is within 0.3 nats of tfm's own greedy outputs', on average
+    # over the sentences (a model decoding garbage scores several nats lower per token)
+    gaps = []
+    for sentence, target, approximate in zip(sentences, ours, int8_ids, strict=True):
+        source = loaded.tokenizer.encode(sentence)
+        best = _tfm_log_probs(loaded.model, loaded.params, source, target).mean()
+        theirs = _tfm_log_probs(loaded.model, loaded.params, source, approximate).mean()
+        gaps.append(best - theirs)
+    assert np.mean(gaps) <= 0.3, gaps
 
 
 def test_hf_export_translates_scores_and_tokenizes_as_tfm(trained):

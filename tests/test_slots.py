@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.conftest import tiny_model_config
+from tests.conftest import fresh_model_config, tiny_model_config
 from tfm import Transformer
 from tfm.inference import decoding, slots
 from tfm.tokens import EOS_ID
@@ -58,6 +58,7 @@ def test_one_program_however_many_blocks(setup):
     """The slots a block leaves are the next block's input: their types match the first call's
     (a weakly typed score array once made every second block compile the program again)."""
     model, params, sources, _, eos_ids = setup
+    model = model.clone(config=fresh_model_config(40, max_positions=128))  # compiled anew
     settings = slots.StreamSettings(
         rows=3, src_len=SRC_LEN, max_steps=POSITIONS, block=4, beam_size=4, eos_id=eos_ids[1]
     )

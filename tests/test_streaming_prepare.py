@@ -6,8 +6,10 @@ import fcntl
 import json
 import mmap
 import pathlib
+import queue
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -197,6 +199,28 @@ def _start_prepare(spec: str, data_dir: pathlib.Path, script: pathlib.Path) -> s
     )
 
 
+def _line_containing(process: subprocess.Popen, text: str, timeout: float) -> str:
+    """The first line of `process`'s stderr that contains `text`, read on a thread so that a
+    process that hangs without printing it fails the test after `timeout` seconds."""
+    found: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in process.stderr:
+            if text in line:
+                found.put(line)
+                return
+        found.put(None)  # the process ended without printing it
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        line = found.get(timeout=timeout)
+    except queue.Empty:
+        process.kill()
+        raise AssertionError(f"no line with {text!r} within {timeout} s") from None
+    assert line is not None, f"the process ended without printing {text!r}"
+    return line
+
+
 def test_a_prepare_waits_for_the_one_already_building_in_its_data_dir(spec, one_shot, tmp_path):
     """A local sweep starts several runs on one data dir at once: a second builder would
     delete or replace caches the first is writing, so it waits for the lock and then reuses."""
@@ -208,10 +232,7 @@ def test_a_prepare_waits_for_the_one_already_building_in_its_data_dir(spec, one_
         held.flush()
         fcntl.flock(held, fcntl.LOCK_EX)
         waiting = _start_prepare(spec, data_dir, tmp_path / "run.py")
-        line = ""
-        while "waiting" not in line:  # its scan runs first, unlocked
-            line = waiting.stderr.readline()
-            assert line or waiting.poll() is None, "prepare ended without waiting"
+        line = _line_containing(waiting, "waiting", timeout=300)  # its scan runs first
         assert "process 12345" in line and ".lock" in line
         assert not (data_dir / "ids").exists() and not list(data_dir.glob("*.model"))
         fcntl.flock(held, fcntl.LOCK_UN)

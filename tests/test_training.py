@@ -225,13 +225,29 @@ def test_accumulated_micro_batches_equal_one_big_batch():
 
 
 def test_eval_step_sums_without_dropout():
+    """eval_step's sums are the smoothed loss and nll of the model's deterministic logits,
+    summed over the non-pad targets in NumPy, although the model has dropout 0.5 (a pass with
+    dropout would give other sums)."""
     model, optimizer = _setup(dropout=0.5)
     batch = _copy_task_batch(np.random.default_rng(2))
     state = training.init_train_state(model, optimizer, jax.random.PRNGKey(0), batch)
-    a = training.eval_step(state.params, batch, model=model, smoothing=0.1)
-    b = training.eval_step(state.params, batch, model=model, smoothing=0.1)
-    assert float(a["loss"]) == float(b["loss"])
-    assert float(a["tokens"]) == batch["tgt_out"].size
+    got = training.eval_step(state.params, batch, model=model, smoothing=0.1)
+    logits = model.apply({"params": state.params}, batch["src"], batch["tgt_in"])
+    loss, nll, count = _numpy_smoothed_loss(np.asarray(logits), np.asarray(batch["tgt_out"]), 0.1)
+    np.testing.assert_allclose(float(got["loss"]), loss, rtol=1e-5)
+    np.testing.assert_allclose(float(got["nll"]), nll, rtol=1e-5)
+    assert float(got["tokens"]) == count == batch["tgt_out"].size
+    dropped = model.apply(
+        {"params": state.params},
+        batch["src"],
+        batch["tgt_in"],
+        deterministic=False,
+        rngs={"dropout": jax.random.key(1)},
+    )
+    with_dropout, _, _ = _numpy_smoothed_loss(
+        np.asarray(dropped), np.asarray(batch["tgt_out"]), 0.1
+    )
+    assert abs(with_dropout - loss) > 1e-3 * abs(loss)
 
 
 def test_bad_train_config_values_are_rejected():

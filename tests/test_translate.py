@@ -2,15 +2,14 @@
 split that the final evaluation scores is the configured one."""
 
 import sys
-import warnings
 
 import jax
 import numpy as np
 import pytest
 
-from tests.conftest import tiny_model_config
+from tests.conftest import fresh_model_config, tiny_model_config
 from tfm import Transformer
-from tfm.inference import translate
+from tfm.inference import decoding, translate
 
 
 class WordTokenizer:
@@ -36,26 +35,31 @@ class WordTokenizer:
         return [self.words.get(int(i), "<s>") for i in ids]
 
 
-def test_a_learned_position_table_fits_every_translated_sentence():
+def test_a_learned_position_table_bounds_sources_and_translations():
+    """A learned table of 64 positions (Table 3 row E) is never read past position 63: sources
+    up to 64 tokens are accepted whole, and translations stop at 64 tokens (`init_cache` refuses
+    a longer cache, so a search that needed more would fail here)."""
     config = tiny_model_config(40, positional="learned", max_positions=64)
     model = Transformer(config)
     src = np.ones((1, 4), np.int32)
     params = model.init(jax.random.key(0), src, src)["params"]
     tokenizer = WordTokenizer([f"w{i}" for i in range(36)])
-    long_source = " ".join(f"w{i % 36}" for i in range(40))  # 41 tokens with EOS
-    limit = translate.max_source_len_for(config, extra_length=50)
-    assert limit == 64 - 50  # 64 positions = source bucket + 50 new tokens
-    fitting = translate.TranslateConfig(max_source_len=limit)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        (out,) = translate.translate(model, params, tokenizer, [long_source], fitting)
-    assert any("truncated to 14" in str(w.message) for w in caught)
-    assert isinstance(out, str)
-    # what the final evaluation did before: sources up to max_positions, which do not fit
-    with pytest.raises(ValueError, match="learned position table"):
-        translate.translate(
-            model, params, tokenizer, [long_source], translate.TranslateConfig(max_source_len=64)
-        )
+    assert translate.max_source_len_for(config, extra_length=50) == 64
+    assert decoding.longest_output(model) == 64
+    # 64, 41 and 6 tokens with EOS
+    sources = [" ".join(f"w{i % 36}" for i in range(n)) for n in (63, 40, 5)]
+    accepting = translate.TranslateConfig(max_source_len=64)
+    ids = translate.encode_sources(tokenizer, sources, accepting)
+    outputs = translate.translate_ids(
+        model, params, ids, translate.TranslateConfig(max_source_len=64, beam_size=2)
+    )
+    assert len(outputs) == 3
+    assert all(len(out) <= 64 for out in outputs)
+    # an untrained model seldom stops: the long sources' outputs run to the cap, not past it
+    longest = np.asarray([ids[0] + [2]])
+    greedy = decoding.greedy_search(model, params, longest, eos_id=None)
+    assert greedy.ids.shape[1] == 64 and bool(greedy.complete.all())
+    assert int(greedy.lengths[0]) == 64
 
 
 def test_sinusoids_bound_the_source_by_max_positions_only():
@@ -168,7 +172,7 @@ def test_each_batch_shape_is_compiled_ahead_once(beam_size, monkeypatch):
     shape (beam search: `tfm.inference.slots.stream`)."""
     from tfm.inference import decoding, slots
 
-    config = tiny_model_config(37)  # a model no other test compiles for
+    config = fresh_model_config(37)  # a model no other test compiles for
     model = Transformer(config)
     params = model.init(jax.random.key(7), np.ones((1, 4), np.int32), np.ones((1, 4), np.int32))
     tokenizer = WordTokenizer([f"w{i}" for i in range(33)])
