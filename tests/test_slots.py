@@ -127,5 +127,9 @@ def test_a_stream_program_traces_its_step_once(setup, monkeypatch):
     settings = slots.StreamSettings(
         rows=7, src_len=SRC_LEN, max_steps=POSITIONS, block=8, beam_size=4, eos_id=eos_ids[0]
     )
-    slots.lowered(model, params, settings)
+    slots.lowered(model.clone(kernels="xla_cpu"), params, settings)
     assert traced == [(7,)]
+    # "auto" stages both platforms' programs (the kit's and the reference's): one trace each
+    traced.clear()
+    slots.lowered(model.clone(kernels="auto"), params, settings)
+    assert traced == [(7,), (7,)]
