@@ -17,10 +17,10 @@ Around the model, for jobs on the CPU: `backend_jit` (compiler options for decod
 
 from __future__ import annotations
 
-from tfm import kernels
+from tfm import ops
 from tfm.xla_cpu import dense, dropout, lean_ops, loss, matmul
 
-KIT = kernels.Ops(
+KIT = ops.Ops(
     LayerNorm=lean_ops.LayerNorm,
     Dropout=dropout.Dropout,
     dot_general_cls=dense.KitDotGeneral,

@@ -15,11 +15,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from tfm import kernels
+from tfm import ops
 from tfm.xla_cpu import dense, dropout, lean_ops, loss, matmul
 
 Array = jax.Array
-_REFERENCE = kernels.REFERENCE
+_REFERENCE = ops.REFERENCE
 
 
 def _on_cpu(kit_fn, reference_fn):
@@ -97,7 +97,7 @@ def _output_loss(states, table, targets, smoothing):
     )
 
 
-OPS = kernels.Ops(
+OPS = ops.Ops(
     LayerNorm=LayerNorm,
     Dropout=Dropout,
     dot_general_cls=DotGeneral,
