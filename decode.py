@@ -200,7 +200,7 @@ def _translate(args, lines: list[str], output) -> int:
             extra_length=args.extra_length,
             batch_tokens=args.batch_tokens,
             streams=args.streams,
-            max_source_len=translate.max_source_len_for(loaded.model.config, args.extra_length),
+            max_source_len=translate.max_source_len_for(loaded.model.config),
             overlong=args.overlong,
         )
     except (workdir.LoadError, FileNotFoundError, ValueError) as error:
@@ -227,8 +227,8 @@ def _translate(args, lines: list[str], output) -> int:
                 loaded.model, loaded.params, loaded.tokenizer, lines, config, progress=bar.update
             ):
                 output.write(line + "\n")
+                output.flush()  # a reader (a pipe, `tail -f`) sees each line as it is done
                 translations.append(line)
-            output.flush()
     except translate.OverlongInputError as error:
         print(f"error: {args.input}: {error}", file=sys.stderr)
         return 2

@@ -44,7 +44,7 @@ def test_a_learned_position_table_bounds_sources_and_translations():
     src = np.ones((1, 4), np.int32)
     params = model.init(jax.random.key(0), src, src)["params"]
     tokenizer = WordTokenizer([f"w{i}" for i in range(36)])
-    assert translate.max_source_len_for(config, extra_length=50) == 64
+    assert translate.max_source_len_for(config) == 64
     assert decoding.longest_output(model) == 64
     # 64, 41 and 6 tokens with EOS
     sources = [" ".join(f"w{i % 36}" for i in range(n)) for n in (63, 40, 5)]
@@ -64,7 +64,7 @@ def test_a_learned_position_table_bounds_sources_and_translations():
 
 def test_sinusoids_bound_the_source_by_max_positions_only():
     config = tiny_model_config(40, max_positions=64)
-    assert translate.max_source_len_for(config, extra_length=50) == 64
+    assert translate.max_source_len_for(config) == 64
 
 
 def test_table3_configs_score_the_validation_split():

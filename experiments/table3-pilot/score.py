@@ -21,7 +21,7 @@ def main() -> None:
         pairs = data.texts("validation")
         sources = [s for s, _ in pairs]
         references = [r for _, r in pairs]
-        longest = translate.max_source_len_for(loaded.model.config, 50)
+        longest = translate.max_source_len_for(loaded.model.config)
         config = translate.TranslateConfig(max_source_len=longest, overlong="truncate")
         params = jax.device_put(loaded.params)
         hypotheses = translate.translate(loaded.model, params, loaded.tokenizer, sources, config)

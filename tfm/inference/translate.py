@@ -89,12 +89,10 @@ def default_batch_tokens(backend: str | None = None) -> int:
     return 1024 if backend == "cpu" else 4096
 
 
-def max_source_len_for(model: ModelConfig, extra_length: int, chunk: int = 8) -> int:
+def max_source_len_for(model: ModelConfig) -> int:
     """The longest source (EOS included) translation accepts: the model's `max_positions`.
     Outputs are capped there too (`decoding.longest_output`), so a learned table (row E) is
-    never read past the positions it was trained on. (`extra_length` and `chunk` are kept for
-    callers; the cap makes them irrelevant to the source.)"""
-    del extra_length, chunk
+    never read past the positions it was trained on, whatever `extra_length` asks."""
     return model.max_positions
 
 

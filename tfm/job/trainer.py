@@ -182,9 +182,9 @@ def validation_bleu(job: Job, state) -> dict[str, float]:
 
 
 def _max_source_len(job: Job) -> int:
-    """The longest source translated: what the model's positions allow with the output budget,
-    at most 4x the training length rule."""
-    fits = translate.max_source_len_for(job.model.config, job.config.final.translate.extra_length)
+    """The longest source translated: what the model's positions allow, at most 4x the training
+    length rule."""
+    fits = translate.max_source_len_for(job.model.config)
     return min(fits, 4 * job.config.batches.max_seq_len)
 
 
