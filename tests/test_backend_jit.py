@@ -47,7 +47,8 @@ def test_one_jitted_function_per_backend_across_threads():
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join()
+        thread.join(timeout=120)
+        assert not thread.is_alive()
     assert len(found) == 4 and all(f is found[0] for f in found)
     assert tuned.for_backend("gpu") is not found[0]
 

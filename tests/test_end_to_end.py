@@ -264,7 +264,7 @@ def test_sigkill_and_restart_ends_bit_identical(tmp_path):
     assert _wait_for(checkpoint.exists, 600, process)
     assert process.poll() is None, "the run finished before it could be killed"
     process.send_signal(signal.SIGKILL)
-    process.wait()
+    process.wait(timeout=60)
     resumed = _run(_args(tmp_path, workdir, steps, extra))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resumed from step" in resumed.stderr
@@ -448,4 +448,4 @@ def test_a_workdir_refuses_another_run_and_a_second_writer(tmp_path):
         assert f"is in use by process {running.pid}" in second.stderr
     finally:
         running.send_signal(signal.SIGKILL)
-        running.wait()
+        running.wait(timeout=60)

@@ -147,14 +147,16 @@ def test_the_job_array_is_valid_bash_and_runs_one_train_py_per_row_and_seed(tmp_
     echo.chmod(0o755)
     script = tmp_path / "table3.sbatch"
     script.write_text(slurm.job_array(sweep, runs, str(echo), ["--gres=gpu:8"]))
-    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert subprocess.run(["bash", "-n", str(script)], timeout=60).returncode == 0
     text = script.read_text()
     assert f"#SBATCH --array=0-{len(runs) - 1}" in text and "#SBATCH --gres=gpu:8" in text
     for row in table3():
         assert f"configs/table3.py:{row} " in text
     for task, run in enumerate(runs):
         env = dict(os.environ, SLURM_ARRAY_TASK_ID=str(task))
-        out = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+        out = subprocess.run(
+            ["bash", str(script)], capture_output=True, text=True, env=env, timeout=60
+        )
         assert out.returncode == 0, out.stderr
         args = out.stdout.splitlines()
         assert args[0] == str(ROOT / "train.py")
@@ -310,3 +312,28 @@ def test_a_two_row_sweep_writes_the_table_and_a_second_run_trains_nothing(tmp_pa
     )
     assert sorted(p.stat().st_mtime_ns for p in sweep.glob("runs/*/*/checkpoints/*")) == checkpoints
     assert json.loads((sweep / "table3.json").read_text())["rows"] == table["rows"]
+
+    # `collect` rebuilds the table from the finished runs alone
+    for name in ("table3.json", "table3.md", "table3.png"):
+        (sweep / name).unlink()
+    collected = subprocess.run(
+        [sys.executable, "-m", "tfm.experiments", "collect", "--workdir", str(sweep)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert collected.returncode == 0, collected.stderr[-3000:]
+    assert json.loads((sweep / "table3.json").read_text())["rows"] == table["rows"]
+    assert (sweep / "table3.png").stat().st_size > 10_000
+
+
+def test_the_slurm_command_writes_the_job_array_and_trains_nothing(tmp_path):
+    args = [
+        sys.executable, "-m", "tfm.experiments", "table3", "--workdir", str(tmp_path / "sweep"),
+        "--scale=paper", "--rows=base,A", "--seeds=2", "--base_seeds=3", "--data_dir=/data/wmt",
+        "--slurm", "--sbatch_option=--gres=gpu:8",
+    ]  # fmt: skip
+    out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    script = (tmp_path / "sweep" / "table3.sbatch").read_text()
+    assert "#SBATCH --array=0-10" in script  # base x 3 + A1, A4, A16, A32 x 2
+    assert "#SBATCH --gres=gpu:8" in script and "configs/table3.py:A32 " in script
+    assert not (tmp_path / "sweep" / "runs").exists()

@@ -129,10 +129,14 @@ def _log_softmax_logits(model, params, src, tgt_in):
     return jax.nn.log_softmax(model.apply({"params": params}, src, tgt_in), axis=-1)
 
 
+@pytest.mark.slow  # its fixture trains 300 steps, on one worker
+@pytest.mark.xdist_group("export_trained")
 def test_ct2_export_translates_and_scores_as_tfm(trained):
     workdir, sentences, tmp = trained
     out = tmp / "ct2"
-    assert export_main(["ct2", str(workdir), str(out)]) == 0
+    command = [sys.executable, "-m", "tfm.export", "ct2", str(workdir), str(out)]
+    exported = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert exported.returncode == 0, exported.stderr[-3000:]
     provenance = json.loads((out / "tfm_export.json").read_text())
     assert provenance["parameters"].startswith("checkpoint 300")
     loaded = load(workdir, average=1)
@@ -176,6 +180,8 @@ def test_ct2_export_translates_and_scores_as_tfm(trained):
     assert np.mean(gaps) <= 0.3, gaps
 
 
+@pytest.mark.slow  # its fixture trains 300 steps, on one worker
+@pytest.mark.xdist_group("export_trained")
 def test_hf_export_translates_scores_and_tokenizes_as_tfm(trained):
     workdir, sentences, tmp = trained
     out = tmp / "hf"
@@ -215,6 +221,8 @@ def test_hf_export_translates_scores_and_tokenizes_as_tfm(trained):
         np.testing.assert_allclose(log_probs.numpy(), expected, atol=1e-4)
 
 
+@pytest.mark.slow  # its fixture trains 300 steps, on one worker
+@pytest.mark.xdist_group("export_trained")
 def test_the_readme_recipes_translate_with_both_exports(trained, monkeypatch):
     from tests.test_readme import _python_blocks
 

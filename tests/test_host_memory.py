@@ -57,7 +57,7 @@ def _run(mode: str, environment: dict[str, str]) -> dict:
         env=environment,
         cwd=ROOT,
     )
-    out, _ = process.communicate()
+    out, _ = process.communicate(timeout=300)
     assert process.returncode == 0
     result = last_json_line(out)
     result["started_pid"] = process.pid

@@ -46,7 +46,7 @@ def test_jobs_run_at_once():
     """Each job waits for the other at a barrier: run one after the other, they would time out."""
     barrier = threading.Barrier(2, timeout=30)
     names = side_by_side.run_side_by_side(
-        [lambda k=k: (barrier.wait(), threading.current_thread().name, k)[1:] for k in range(2)]
+        [lambda k=k: (barrier.wait(30), threading.current_thread().name, k)[1:] for k in range(2)]
     )
     assert [k for _, k in names] == [0, 1] and names[0][0] != names[1][0]
 
