@@ -277,28 +277,6 @@ def test_sigkill_and_restart_ends_bit_identical(tmp_path):
     assert train_steps == sorted(logged)  # every log and checkpoint step once
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
-    workdir = tmp_path / "run"
-    extra = [
-        "--config.checkpoint_every_steps=100000",
-        "--config.log_every_steps=1",
-        "--config.eval_every_steps=100000",
-    ]
-    log_path = tmp_path / "train.log"
-    with open(log_path, "w") as log:  # a file, not a pipe nobody reads while it runs
-        process = subprocess.Popen(
-            _args(tmp_path, workdir, 100000, extra), cwd=ROOT, stdout=log, stderr=log
-        )
-    metrics = workdir / "metrics.jsonl"
-    assert _wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 600, process)
-    process.send_signal(signal.SIGTERM)
-    process.wait(timeout=300)
-    output = log_path.read_text(errors="replace")
-    assert process.returncode == 0, output[-3000:]
-    assert "Received SIGTERM: saved checkpoint" in output
-    assert len(_digest(workdir)) == 1
-
-
 def _free_port() -> int:
     """A port on 127.0.0.1 that nothing listens on now (the OS picks it), for the coordinator of
     two local processes: fixed ports collide with other runs on the same machine."""
@@ -384,68 +362,3 @@ def test_a_killed_peer_makes_the_survivor_exit(tmp_path):
         pytest.fail("the surviving process still runs 150 s after its peer was killed")
     assert time.time() - killed_at < 120
     assert processes[0].returncode != 0
-
-
-def test_nan_loss_stops_naming_the_step_and_keeps_good_checkpoints(tmp_path):
-    workdir = tmp_path / "run"
-    extra = [
-        "--config.checkpoint_every_steps=1",
-        "--config.log_every_steps=100",
-        "--config.learning_rate_scale=1e30",
-        "--config.warmup_steps=1",
-        "--config.decode.enabled=False",
-    ]
-    out = _run(_args(tmp_path, workdir, 40, extra))
-    assert out.returncode == 1
-    assert "loss is nan at step 2" in out.stderr
-    saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
-    assert saved == [1]
-
-
-def test_a_workdir_refuses_another_run_and_a_second_writer(tmp_path):
-    workdir = tmp_path / "run"
-    extra = ["--config.decode.enabled=False", "--config.checkpoint_every_steps=10"]
-    first = _run(_args(tmp_path, workdir, 10, extra))
-    assert first.returncode == 0, first.stderr[-3000:]
-    card = (workdir / "model.json").read_text()
-    listing = sorted(p.name for p in workdir.iterdir())
-
-    # another model in the same workdir: one line, before anything is written
-    other = _run(_args(tmp_path, workdir, 20, [*extra, "--config.model.d_ff=256"]))
-    assert other.returncode == 1
-    assert "holds checkpoints of another run (model.d_ff: 128 -> 256)" in other.stderr
-    assert "--start_over" in other.stderr
-    assert (workdir / "model.json").read_text() == card
-    assert sorted(p.name for p in workdir.iterdir()) == listing
-
-    # more steps of the same run: allowed, and said
-    longer = _run(_args(tmp_path, workdir, 20, extra))
-    assert longer.returncode == 0, longer.stderr[-3000:]
-    assert "num_train_steps: 10 -> 20" in longer.stderr
-
-    # starting over keeps the old run in previous-1
-    over = _run(
-        [*_args(tmp_path, workdir, 10, [*extra, "--config.model.d_ff=256"]), "--start_over"]
-    )
-    assert over.returncode == 0, over.stderr[-3000:]
-    assert sorted(_digest(workdir)) == [10]
-    assert sorted(_digest(workdir / "previous-1")) == [10, 20]
-
-    # a second writer while the first runs
-    log_path = tmp_path / "long.log"
-    with open(log_path, "w") as log:
-        running = subprocess.Popen(
-            _args(tmp_path, tmp_path / "busy", 100000, ["--config.log_every_steps=1"]),
-            cwd=ROOT,
-            stdout=log,
-            stderr=log,
-        )
-    metrics = tmp_path / "busy" / "metrics.jsonl"
-    try:
-        assert _wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 600, running)
-        second = _run(_args(tmp_path, tmp_path / "busy", 100000, []))
-        assert second.returncode == 1
-        assert f"is in use by process {running.pid}" in second.stderr
-    finally:
-        running.send_signal(signal.SIGKILL)
-        running.wait(timeout=60)

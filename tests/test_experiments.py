@@ -258,6 +258,40 @@ def test_spearman_is_the_rank_formula_and_its_interval_holds_it():
 
 
 @pytest.mark.slow
+def test_a_child_s_cpu_time_is_what_it_spent_not_its_wall_time(tmp_path):
+    """The ledger's CPU seconds come from os.wait4: a child that sleeps 1 s spends ~0 of them,
+    one that spins 1 s spends ~1 (what a paused or crowded run would get wrong by wall time)."""
+    from tfm.experiments.sweep import _wait_any
+
+    programs = {
+        "sleeps": "import time; time.sleep(1.0)",
+        "spins": "import time\nend = time.process_time() + 1\nwhile time.process_time() < end: 0",
+    }
+    spent = {}
+    for name, program in programs.items():
+        process = subprocess.Popen([sys.executable, "-c", program])
+        key, usage = _wait_any({name: process})
+        assert key == name and process.returncode == 0
+        spent[name] = usage.ru_utime + usage.ru_stime
+    assert spent["sleeps"] < 0.5 and 0.9 < spent["spins"] < 2.0, spent
+
+
+def test_core_hours_scale_partly_measured_runs_and_say_so():
+    def summary(cpu, costed, steps=100):
+        return dict(cpu_seconds=cpu, steps_costed=costed, settings=dict(train_steps=steps))
+
+    hours = table3_report.core_hours(
+        [summary(3600, 100), summary(1800, 50), summary(None, None)]  # 1 h, 0.5 h of 1 h, none
+    )
+    assert hours == dict(
+        measured=1.5, estimated_all_steps=2.0, runs=3, runs_without_ledger=1, runs_partly_measured=1
+    )
+    line = table3_report.cost_line(hours)
+    assert (
+        "1.50 core-hours" in line and "~2.00" in line and "1 run(s) without a cost ledger" in line
+    )
+
+
 def test_a_two_row_sweep_writes_the_table_and_a_second_run_trains_nothing(tmp_path):
     source, target = write_corpus(tmp_path / "corpus", pairs=800)
     args = [
@@ -302,6 +336,13 @@ def test_a_two_row_sweep_writes_the_table_and_a_second_run_trains_nothing(tmp_pa
             and len(results["validation"]["averaged_steps"]) == 1
         )
     assert "| base |" in (sweep / "table3.md").read_text()
+    # each run's ledger: one invocation from step 0 to its last, its CPU time counted
+    for run in ("base/seed0", "base/seed1", "E/seed0"):
+        (entry,) = [json.loads(x) for x in (sweep / "runs" / run / "cost.jsonl").open()]
+        assert entry["from_step"] == 0 and entry["to_step"] == 8 and entry["exit_code"] == 0
+        assert 0 < entry["cpu_seconds"] and entry["cores"] and entry["host"]
+    assert table["core_hours"]["runs"] == 3 and table["core_hours"]["runs_without_ledger"] == 0
+    assert "core-hours of CPU time measured over 3 runs" in (sweep / "table3.md").read_text()
     assert (sweep / "table3.png").stat().st_size > 10_000
     checkpoints = sorted(p.stat().st_mtime_ns for p in sweep.glob("runs/*/*/checkpoints/*"))
 

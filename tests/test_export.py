@@ -19,6 +19,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from tests.built_once import built_once  # noqa: E402
 from tests.e2e_corpus import write_corpus  # noqa: E402
 from tfm.config import ModelConfig  # noqa: E402
 from tfm.export import ct2, hf  # noqa: E402
@@ -43,10 +44,7 @@ ODD_TEXT = [
 ]
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A tiny model trained for 300 steps on the synthetic corpus (copy BLEU ~0, learned ~60)."""
-    tmp = tmp_path_factory.mktemp("export")
+def _train(tmp: pathlib.Path) -> None:
     source, target = write_corpus(tmp / "corpus")
     workdir = tmp / "run"
     args = [
@@ -75,8 +73,15 @@ def trained(tmp_path_factory):
     ]
     out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    sentences = pathlib.Path(source).read_text().splitlines()[:24]
-    return workdir, sentences, tmp
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny model trained for 300 steps on the synthetic corpus (copy BLEU ~0, learned ~60),
+    once per session; exports go to a directory of this worker's own."""
+    tmp = built_once(tmp_path_factory, "export-run", _train)
+    sentences = (tmp / "corpus" / "train.en").read_text().splitlines()[:24]
+    return tmp / "run", sentences, tmp_path_factory.mktemp("exports")
 
 
 def _strip(ids) -> list[int]:
@@ -129,8 +134,7 @@ def _log_softmax_logits(model, params, src, tgt_in):
     return jax.nn.log_softmax(model.apply({"params": params}, src, tgt_in), axis=-1)
 
 
-@pytest.mark.slow  # its fixture trains 300 steps, on one worker
-@pytest.mark.xdist_group("export_trained")
+@pytest.mark.slow  # its fixture trains 300 steps (once per session)
 def test_ct2_export_translates_and_scores_as_tfm(trained):
     workdir, sentences, tmp = trained
     out = tmp / "ct2"
@@ -180,8 +184,7 @@ def test_ct2_export_translates_and_scores_as_tfm(trained):
     assert np.mean(gaps) <= 0.3, gaps
 
 
-@pytest.mark.slow  # its fixture trains 300 steps, on one worker
-@pytest.mark.xdist_group("export_trained")
+@pytest.mark.slow  # its fixture trains 300 steps (once per session)
 def test_hf_export_translates_scores_and_tokenizes_as_tfm(trained):
     workdir, sentences, tmp = trained
     out = tmp / "hf"
@@ -221,8 +224,7 @@ def test_hf_export_translates_scores_and_tokenizes_as_tfm(trained):
         np.testing.assert_allclose(log_probs.numpy(), expected, atol=1e-4)
 
 
-@pytest.mark.slow  # its fixture trains 300 steps, on one worker
-@pytest.mark.xdist_group("export_trained")
+@pytest.mark.slow  # its fixture trains 300 steps (once per session)
 def test_the_readme_recipes_translate_with_both_exports(trained, monkeypatch):
     from tests.test_readme import _python_blocks
 
@@ -235,7 +237,7 @@ def test_the_readme_recipes_translate_with_both_exports(trained, monkeypatch):
     assert len(recipes) == 2
     loaded = load(workdir, average=1)
     greedy = [loaded.tokenizer.decode(ids) for ids in _tfm_greedy(loaded, sentences)]
-    references = (tmp / "corpus" / "train.de").read_text().splitlines()[: len(sentences)]
+    references = (workdir.parent / "corpus" / "train.de").read_text().splitlines()[: len(sentences)]
     greedy_bleu = sacrebleu.corpus_bleu(greedy, [references]).score
     assert greedy_bleu > 30  # the model has learned to translate
     for recipe in recipes:
