@@ -26,6 +26,7 @@ from tfm.experiments.sweep import (
     Settings,
     Sweep,
     SweepError,
+    cost,
     parse_rows,
     perplexity_curve,
     plan,
@@ -54,7 +55,8 @@ def collect(sweep: Sweep) -> dict:
         if result is None:
             print(f"{workdir}: not finished, left out of the table", file=sys.stderr)
             continue
-        runs[row].append(table3_report.run_summary(result, perplexity_curve(workdir)))
+        summary = table3_report.run_summary(result, perplexity_curve(workdir), cost(workdir))
+        runs[row].append(summary)
     rows = table3_report.aggregate(runs)
     findings = table3_report.judge_findings(rows)
     agreement = {
@@ -75,15 +77,19 @@ def collect(sweep: Sweep) -> dict:
         spearman=agreement,
         hosts=sorted({s["host"] or "unknown" for v in runs.values() for s in v}),
         runs={row: summaries for row, summaries in runs.items() if summaries},
-        # the sum of every run's own wall time (training, evaluation, translation), and the
-        # core-hours it took (each run used every core of its process's affinity)
+        # the sum of every run's own wall time of its last invocation (training, evaluation,
+        # translation), and the CPU time the runs' ledgers measured (every invocation)
         run_wall_seconds=sum(s["wall_seconds"] or 0 for v in runs.values() for s in v),
+        core_hours=table3_report.core_hours([s for v in runs.values() for s in v]),
     )
     (sweep.root / "table3.json").write_text(json.dumps(table, indent=1) + "\n")
     floors = [s["dev_copy_source_sacrebleu"] for v in runs.values() for s in v]
     floor = floors[0] if floors else None
     (sweep.root / "table3.md").write_text(
         table3_report.markdown(rows, findings, title, floor, agreement)
+        + "\n"
+        + table3_report.cost_line(table["core_hours"])
+        + "\n"
     )
     table3_report.figure(rows, sweep.root / "table3.png", title)
     return table

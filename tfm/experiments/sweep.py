@@ -6,6 +6,10 @@ A sweep directory holds:
     DIR/sweep.json              the sweep's settings (scale, data dir, overrides); a later
                                 invocation with different settings is refused, never mixed in
     DIR/runs/ROW/seedS/         one train.py workdir per row and seed
+    DIR/runs/ROW/seedS/cost.jsonl   one line per train.py invocation of the run: the CPU seconds
+                                its process used (user + system, all threads: unaffected by other
+                                work on the machine or by the process being paused), wall
+                                seconds, cores, host CPU, and the checkpoint steps before and after
     DIR/logs/ROW-seedS.log      that run's stdout and stderr
 """
 
@@ -20,6 +24,7 @@ import sys
 import time
 
 from tfm.config import table3
+from tfm.job import host
 
 # config file of each scale, relative to the repository root
 CONFIG_FILES = {"miniature": "configs/table3_mini.py", "paper": "configs/table3.py"}
@@ -164,16 +169,18 @@ class Sweep:
         if not 1 <= parallel <= len(cores):
             raise SweepError(f"--parallel must be between 1 and {len(cores)} (the cores here)")
         lanes = [cores[i::parallel] for i in range(parallel)] if parallel > 1 else [cores]
-        running: dict[int, tuple[Run, subprocess.Popen]] = {}
+        running: dict[int, tuple[Run, subprocess.Popen, Invocation]] = {}
         failed = []
         try:
             while todo or running:
                 for lane, lane_cores in enumerate(lanes):
                     if lane not in running and todo:
                         run = todo.pop(0)
-                        running[lane] = (run, self._start(run, lane_cores))
-                lane = _wait_any({lane: proc for lane, (_, proc) in running.items()})
-                run, proc = running.pop(lane)
+                        started = Invocation(lane_cores, self.last_checkpoint(run))
+                        running[lane] = (run, self._start(run, lane_cores), started)
+                lane, usage = _wait_any({lane: proc for lane, (_, proc, _) in running.items()})
+                run, proc, started = running.pop(lane)
+                self._record_cost(run, started, usage, proc.returncode)
                 if proc.returncode != 0 or not self.finished(run):
                     print(
                         f"{run.name} failed (exit code {proc.returncode}); see {self.log(run)}",
@@ -183,10 +190,34 @@ class Sweep:
                 else:
                     print(f"{run.name}: done", file=sys.stderr, flush=True)
         finally:
-            for _, proc in running.values():  # interrupted: let each run save and stop
+            for run, proc, started in running.values():  # interrupted: each run saves and stops
                 proc.terminate()
-                proc.wait()
+                _, status, usage = os.wait4(proc.pid, 0)
+                self._record_cost(run, started, usage, os.waitstatus_to_exitcode(status))
         return failed
+
+    def last_checkpoint(self, run: Run) -> int:
+        """The newest checkpoint step of the run (0 before its first)."""
+        steps = [
+            int(p.name) for p in (self.workdir(run) / "checkpoints").glob("*") if p.name.isdigit()
+        ]
+        return max(steps, default=0)
+
+    def _record_cost(self, run: Run, started: Invocation, usage, exit_code: int) -> None:
+        """Append one invocation's cost to the run's cost.jsonl."""
+        entry = dict(
+            cpu_seconds=round(usage.ru_utime + usage.ru_stime, 1),
+            wall_seconds=round(time.monotonic() - started.monotonic, 1),
+            cores=started.cores,
+            host=host.cpu_model(),
+            from_step=started.step,
+            to_step=self.last_checkpoint(run),
+            exit_code=exit_code,
+        )
+        path = self.workdir(run) / "cost.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as ledger:
+            ledger.write(json.dumps(entry) + "\n")
 
     def _start(self, run: Run, cores: list[int]) -> subprocess.Popen:
         self.log(run).parent.mkdir(parents=True, exist_ok=True)
@@ -205,13 +236,41 @@ class Sweep:
             )
 
 
-def _wait_any(processes: dict[int, subprocess.Popen]) -> int:
-    """The key of the first process to finish."""
+@dataclasses.dataclass(frozen=True)
+class Invocation:
+    """When and where one train.py invocation of a run started."""
+
+    cores: list[int]
+    step: int  # the checkpoint it resumes from
+    monotonic: float = dataclasses.field(default_factory=time.monotonic)
+
+
+def _wait_any(processes: dict[int, subprocess.Popen]) -> tuple[int, object]:
+    """The key of the first process to finish, and its resource usage (os.wait4's: the CPU time
+    of the process and of every child it waited for)."""
     while True:
         for key, proc in processes.items():
-            if proc.poll() is not None:
-                return key
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                return key, usage
         time.sleep(1.0)
+
+
+def cost(workdir: pathlib.Path) -> dict | None:
+    """A run's cost over its invocations (cost.jsonl): CPU seconds, and the share of its steps
+    they cover (below 1 where an invocation ran before the ledger existed, or was killed
+    without the sweep noticing). None without a ledger."""
+    path = workdir / "cost.jsonl"
+    if not path.is_file():
+        return None
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    covered = sum(max(0, e["to_step"] - e["from_step"]) for e in entries)
+    return dict(
+        cpu_seconds=sum(e["cpu_seconds"] for e in entries),
+        steps_covered=covered,
+        hosts=sorted({e["host"] for e in entries}),
+    )
 
 
 def read_metrics(workdir: pathlib.Path) -> list[dict]:

@@ -34,9 +34,10 @@ COLUMNS = (
 )
 
 
-def run_summary(result: dict, curve: list[tuple[int, float]]) -> dict:
-    """One finished run's figures from its results.json and its validation perplexity curve
-    `[(step, perplexity), ...]` (the last point is the run's final perplexity)."""
+def run_summary(result: dict, curve: list[tuple[int, float]], cost: dict | None = None) -> dict:
+    """One finished run's figures from its results.json, its validation perplexity curve
+    `[(step, perplexity), ...]` (the last point is the run's final perplexity) and its cost
+    ledger's totals (`sweep.cost`; None where the run has none)."""
     perplexity = curve[-1][1]
     model = dict(result["config"]["model"])
     vocab_size = result["data"]["vocab_size"]
@@ -57,7 +58,40 @@ def run_summary(result: dict, curve: list[tuple[int, float]]) -> dict:
         train_seconds=result["training"].get("seconds"),
         wall_seconds=result.get("wall_seconds"),
         host=result.get("host", {}).get("cpu"),
+        cpu_seconds=None if cost is None else cost["cpu_seconds"],
+        steps_costed=None if cost is None else cost["steps_covered"],
         curve=[list(point) for point in curve],
+    )
+
+
+def cost_line(hours: dict) -> str:
+    """The sweep's cost as table3.md states it."""
+    line = (
+        f"Cost: {hours['measured']:.2f} core-hours of CPU time measured over {hours['runs']} "
+        f"runs; ~{hours['estimated_all_steps']:.2f} core-hours with every step counted"
+    )
+    gaps = []
+    if hours["runs_partly_measured"]:
+        gaps.append(f"{hours['runs_partly_measured']} run(s) scaled up from part of their steps")
+    if hours["runs_without_ledger"]:
+        gaps.append(f"{hours['runs_without_ledger']} run(s) without a cost ledger, not counted")
+    return line + (f" ({'; '.join(gaps)})." if gaps else ".")
+
+
+def core_hours(summaries: list[dict]) -> dict:
+    """The sweep's cost in core-hours: what the runs' ledgers measured, and the whole sweep
+    estimated by scaling each run's measured CPU time to all its steps (an approximation where
+    a ledger covers only part of a run)."""
+    costed = [s for s in summaries if s["cpu_seconds"] is not None and s["steps_costed"]]
+    measured = sum(s["cpu_seconds"] for s in costed) / 3600
+    per_run = [s["cpu_seconds"] * s["settings"]["train_steps"] / s["steps_costed"] for s in costed]
+    uncovered = [s for s in costed if s["steps_costed"] < s["settings"]["train_steps"]]
+    return dict(
+        measured=round(measured, 2),
+        estimated_all_steps=round(sum(per_run) / 3600, 2),
+        runs=len(summaries),
+        runs_without_ledger=len(summaries) - len(costed),
+        runs_partly_measured=len(uncovered),
     )
 
 

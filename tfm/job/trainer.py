@@ -15,7 +15,6 @@ import json
 import math
 import os
 import pathlib
-import platform
 import signal
 import sys
 import time
@@ -30,7 +29,7 @@ from tfm.data.pipeline import BatchPipeline
 from tfm.data.prepare import PreparedData, prepare
 from tfm.inference import translate
 from tfm.job import checkpoint as ckpt
-from tfm.job import parallel, steps
+from tfm.job import host, parallel, steps
 from tfm.job.config import JobConfig
 from tfm.job.train_log import TrainingDiverged, TrainLog
 from tfm.job.workdir import ModelCard, Workdir, check_resume, exclusive, write_model_card
@@ -375,22 +374,12 @@ def _run(config: JobConfig, workdir: str | pathlib.Path, profile: bool) -> dict:
 def host_description() -> dict:
     """What the run's times were measured on: the CPU model, the cores this process may use,
     JAX's backend and devices."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            fields = dict(line.split(":", 1) for line in cpuinfo if ":" in line and line.strip())
-        named = {k.strip(): v.strip() for k, v in fields.items()}
-        cpu = named.get("model name", cpu)
-        if "cpu family" in named and "model" in named:
-            cpu += f" (family {named['cpu family']} model {named['model']})"
-    except OSError:
-        pass
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count()
     return dict(
-        cpu=cpu,
+        cpu=host.cpu_model(),
         cores=cores,
         backend=jax.default_backend(),
         devices=[str(d.device_kind) for d in jax.local_devices()],
