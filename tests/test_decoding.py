@@ -248,9 +248,9 @@ def test_fewer_steps_give_the_same_search_or_say_it_is_incomplete(search):
 def test_stopping_once_the_best_is_settled_keeps_the_best_hypothesis(alpha):
     """settle="best" (tensor2tensor's stop_early) stops a sentence once no alive beam can beat
     its best finished hypothesis, sooner than waiting for all k: the best must not change."""
-    for seed in range(4):
+    for seed in range(3):  # the stand-in EOS from each source row in turn
         model, params = _model(seed)
-        eos = _emitted_token(model, params, seed % 3, 2)
+        eos = _emitted_token(model, params, seed, 2)
         common = dict(beam_size=4, alpha=alpha, eos_id=eos, extra_length=12, chunk=1)
         best = decoding.beam_search(model, params, SRC, settle="best", **common)
         every = decoding.beam_search(model, params, SRC, settle="beams", **common)

@@ -240,7 +240,7 @@ def _wait_for(condition, timeout, process):
 
 
 def test_sigkill_and_restart_ends_bit_identical(tmp_path):
-    steps = 60
+    steps = 36
     extra = [
         "--config.checkpoint_every_steps=7",
         "--config.log_every_steps=5",
@@ -253,7 +253,7 @@ def test_sigkill_and_restart_ends_bit_identical(tmp_path):
     expected = _digest(tmp_path / "straight")
 
     workdir = tmp_path / "killed"
-    kill_after = 14  # the second checkpoint: 46 steps still to run when it appears
+    kill_after = 14  # the second checkpoint: 22 steps still to run when it appears
     process = subprocess.Popen(
         _args(tmp_path, workdir, steps, extra),
         cwd=ROOT,
