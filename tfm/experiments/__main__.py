@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import signal
 import sys
 import time
 
@@ -103,6 +104,10 @@ def _settings_from_manifest(root: pathlib.Path) -> Settings:
     return Settings(found["scale"], found["data_dir"], tuple(found["overrides"]))
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tfm.experiments",
@@ -147,7 +152,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {script} ({len(runs)} tasks); submit it with sbatch", file=sys.stderr)
             return 0
         start = time.perf_counter()
-        failed = sweep.run_locally(runs, args.parallel)
+        # kill (SIGTERM) stops the sweep as Ctrl-C does: each run saves a checkpoint and its
+        # invocation's cost is recorded before the sweep exits
+        signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            failed = sweep.run_locally(runs, args.parallel)
+        except KeyboardInterrupt:
+            print("sweep stopped: run the same command to continue it", file=sys.stderr)
+            return 130
         print(
             f"sweep wall time this invocation: {(time.perf_counter() - start) / 60:.1f} min",
             file=sys.stderr,
