@@ -3,6 +3,7 @@ hanging the suite."""
 
 import subprocess
 import threading
+import time
 
 
 def readline_within(process: subprocess.Popen, seconds: float) -> str:
@@ -14,3 +15,16 @@ def readline_within(process: subprocess.Popen, seconds: float) -> str:
         return process.stdout.readline()  # bounded: the timer kills the writer
     finally:
         timer.cancel()
+
+
+def wait_for(condition, seconds: float, process: subprocess.Popen) -> bool:
+    """Whether `condition()` came true within `seconds`, polled while `process` runs (checked
+    once more after it exits, for what it wrote last)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        if process.poll() is not None:
+            return condition()
+        time.sleep(0.2)
+    return False

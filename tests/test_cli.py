@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -268,17 +267,6 @@ def test_each_damaged_part_is_refused_and_training_resumes_before_it(tiny_run, t
 # --- stopping train.py ----------------------------------------------------------------------------
 
 
-def _wait_for(condition, timeout: float, process: subprocess.Popen) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        if process.poll() is not None:
-            return condition()
-        time.sleep(0.2)
-    return False
-
-
 @pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])  # Ctrl-C; a scheduler's preemption
 def test_a_stop_signal_saves_a_checkpoint_and_profile_writes_a_trace(tiny_run, tmp_path, stop):
     workdir = tiny_run.copy(tmp_path)
@@ -295,7 +283,8 @@ def test_a_stop_signal_saves_a_checkpoint_and_profile_writes_a_trace(tiny_run, t
         traced = lambda: any((workdir / "profile").rglob("*.xplane.pb"))  # noqa: E731
         more = lambda: len(metrics.read_text().splitlines()) > logged + 5  # noqa: E731
         finished = lambda: traced() and more()  # noqa: E731
-        assert _wait_for(finished, 300, process), (tmp_path / "train.log").read_text()[-3000:]
+        log = tmp_path / "train.log"
+        assert bounded.wait_for(finished, 300, process), log.read_text()[-3000:]
         process.send_signal(getattr(signal, stop))
         process.wait(timeout=120)
     finally:
@@ -393,7 +382,7 @@ def test_a_workdir_holds_one_run_and_one_writer(tiny_run, tmp_path):
         )  # fmt: skip
     try:
         grew = lambda: len(_steps(workdir)) > 2  # noqa: E731
-        assert _wait_for(grew, 300, running), (tmp_path / "long.log").read_text()[-3000:]
+        assert bounded.wait_for(grew, 300, running), (tmp_path / "long.log").read_text()[-3000:]
         second = _run(tiny_run.train_args(workdir, 100000, wider))
         assert second.returncode == 1
         assert f"is in use by process {running.pid}" in second.stderr

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests import bounded
 from tests.e2e_corpus import write_corpus
 from tfm.job.checkpoint import Checkpointer
 from tfm.xla_cpu import saved_programs
@@ -228,17 +229,6 @@ def _log_tail(log_dir, rank: int) -> str:
     return (log_dir / f"rank{rank}.log").read_text(errors="replace")[-3000:]
 
 
-def _wait_for(condition, timeout, process):
-    start = time.time()
-    while time.time() - start < timeout:
-        if condition():
-            return True
-        if process.poll() is not None:
-            return False
-        time.sleep(0.2)
-    return False
-
-
 def test_sigkill_and_restart_ends_bit_identical(tmp_path):
     steps = 36
     extra = [
@@ -261,7 +251,7 @@ def test_sigkill_and_restart_ends_bit_identical(tmp_path):
         stderr=subprocess.DEVNULL,
     )
     checkpoint = workdir / "checkpoints" / str(kill_after)
-    assert _wait_for(checkpoint.exists, 600, process)
+    assert bounded.wait_for(checkpoint.exists, 600, process)
     assert process.poll() is None, "the run finished before it could be killed"
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=60)
@@ -348,7 +338,9 @@ def test_a_killed_peer_makes_the_survivor_exit(tmp_path):
         _args(tmp_path, tmp_path / "two", 100000, extra), port=port, log_dir=logs
     )
     metrics = tmp_path / "two" / "metrics.jsonl"
-    started = _wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 600, processes[0])
+    started = bounded.wait_for(
+        lambda: metrics.exists() and metrics.stat().st_size > 0, 600, processes[0]
+    )
     if not started:
         for p in processes:
             p.kill()

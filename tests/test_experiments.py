@@ -5,16 +5,18 @@ and (slow) a real two-row sweep that a second invocation only reads back."""
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from tests import bounded
 from tests.e2e_corpus import write_corpus
 from tfm.config import table3
 from tfm.experiments import slurm, table3_report
-from tfm.experiments.sweep import Settings, Sweep, SweepError, parse_rows, plan
+from tfm.experiments.sweep import Settings, Sweep, SweepError, cost, parse_rows, plan
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -274,6 +276,58 @@ def test_a_child_s_cpu_time_is_what_it_spent_not_its_wall_time(tmp_path):
         assert key == name and process.returncode == 0
         spent[name] = usage.ru_utime + usage.ru_stime
     assert spent["sleeps"] < 0.5 and 0.9 < spent["spins"] < 2.0, spent
+
+
+# A stand-in for train.py: saves "checkpoint" 5, then spins on the CPU until it is killed (or,
+# with STAND_IN_EXITS set, exits at once).
+STAND_IN_TRAIN_PY = """
+import os, pathlib, sys, time
+workdir = pathlib.Path(next(a for a in sys.argv if a.startswith("--workdir=")).split("=", 1)[1])
+(workdir / "checkpoints" / "5").mkdir(parents=True, exist_ok=True)
+while not os.environ.get("STAND_IN_EXITS"):
+    time.process_time()
+"""
+
+
+def test_a_sweep_killed_outright_is_charged_its_cpu_time_on_the_next_invocation(tmp_path):
+    """SIGKILL (a session or machine going away) gives the sweep no chance to record a run's
+    cost at its end; the half-minute snapshot it left is moved into the ledger next time."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "train.py").write_text(STAND_IN_TRAIN_PY)
+    root = tmp_path / "sweep"
+    driver = (
+        "import pathlib, sys\n"
+        "from tfm.experiments import sweep\n"
+        "sweep.SNAPSHOT_SECONDS = 0.3\n"
+        f"s = sweep.Sweep({str(root)!r}, sweep.Settings('miniature', 'data'), "
+        f"pathlib.Path({str(repo)!r}))\n"
+        "s.run_locally([sweep.Run('base', 0)])\n"
+    )
+    pending = root / "runs" / "base" / "seed0" / "cost.pending.json"
+    process = subprocess.Popen([sys.executable, "-c", driver], start_new_session=True)
+    try:
+
+        def charged_a_second() -> bool:
+            return pending.is_file() and json.loads(pending.read_text())["cpu_seconds"] >= 1.0
+
+        assert bounded.wait_for(charged_a_second, 120, process)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # the driver and its train.py, no clean-up
+        process.wait(timeout=60)
+    snapshot = json.loads(pending.read_text())
+    assert not (pending.parent / "cost.jsonl").exists()  # nothing recorded by the killed sweep
+
+    env = dict(os.environ, STAND_IN_EXITS="1")
+    subprocess.run([sys.executable, "-c", driver], env=env, check=True, timeout=120)
+    ledger = [json.loads(line) for line in (pending.parent / "cost.jsonl").read_text().splitlines()]
+    killed, exited = ledger
+    assert killed["killed"] and killed["exit_code"] is None
+    assert killed["cpu_seconds"] >= snapshot["cpu_seconds"] >= 1.0
+    assert (killed["from_step"], killed["to_step"]) == (0, 5)
+    assert exited["exit_code"] == 0 and exited["from_step"] == 5 and "killed" not in exited
+    assert not pending.exists()
+    assert cost(pending.parent)["cpu_seconds"] == killed["cpu_seconds"] + exited["cpu_seconds"]
 
 
 def test_core_hours_scale_partly_measured_runs_and_say_so():

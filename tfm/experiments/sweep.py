@@ -10,6 +10,9 @@ A sweep directory holds:
                                 its process used (user + system, all threads: unaffected by other
                                 work on the machine or by the process being paused), wall
                                 seconds, cores, host CPU, and the checkpoint steps before and after
+    DIR/runs/ROW/seedS/cost.pending.json   the running invocation's cost so far, rewritten every
+                                half minute; a sweep killed outright (SIGKILL, a machine going
+                                away) leaves it, and the next invocation moves it into the ledger
     DIR/logs/ROW-seedS.log      that run's stdout and stderr
 """
 
@@ -22,6 +25,7 @@ import pathlib
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from tfm.config import table3
 from tfm.job import host
@@ -29,6 +33,10 @@ from tfm.job import host
 # config file of each scale, relative to the repository root
 CONFIG_FILES = {"miniature": "configs/table3_mini.py", "paper": "configs/table3.py"}
 ROWS = tuple(table3())
+PENDING_COST = "cost.pending.json"
+# how often a running invocation's cost so far is saved: what a sweep killed outright leaves
+# uncharged is at most this much of its CPU time
+SNAPSHOT_SECONDS = 30.0
 
 
 class SweepError(RuntimeError):
@@ -169,8 +177,15 @@ class Sweep:
         if not 1 <= parallel <= len(cores):
             raise SweepError(f"--parallel must be between 1 and {len(cores)} (the cores here)")
         lanes = [cores[i::parallel] for i in range(parallel)] if parallel > 1 else [cores]
+        for run in runs:
+            self._settle_killed_invocation(run)
         running: dict[int, tuple[Run, subprocess.Popen, Invocation]] = {}
         failed = []
+
+        def snapshot() -> None:
+            for run, proc, started in running.values():
+                self._snapshot_cost(run, started, proc.pid)
+
         try:
             while todo or running:
                 for lane, lane_cores in enumerate(lanes):
@@ -178,7 +193,9 @@ class Sweep:
                         run = todo.pop(0)
                         started = Invocation(lane_cores, self.last_checkpoint(run))
                         running[lane] = (run, self._start(run, lane_cores), started)
-                lane, usage = _wait_any({lane: proc for lane, (_, proc, _) in running.items()})
+                lane, usage = _wait_any(
+                    {lane: proc for lane, (_, proc, _) in running.items()}, snapshot
+                )
                 run, proc, started = running.pop(lane)
                 self._record_cost(run, started, usage, proc.returncode)
                 if proc.returncode != 0 or not self.finished(run):
@@ -203,10 +220,9 @@ class Sweep:
         ]
         return max(steps, default=0)
 
-    def _record_cost(self, run: Run, started: Invocation, usage, exit_code: int) -> None:
-        """Append one invocation's cost to the run's cost.jsonl."""
-        entry = dict(
-            cpu_seconds=round(usage.ru_utime + usage.ru_stime, 1),
+    def _cost_entry(self, run: Run, started: Invocation, cpu_seconds: float, exit_code) -> dict:
+        return dict(
+            cpu_seconds=round(cpu_seconds, 1),
             wall_seconds=round(time.monotonic() - started.monotonic, 1),
             cores=started.cores,
             host=host.cpu_model(),
@@ -214,10 +230,39 @@ class Sweep:
             to_step=self.last_checkpoint(run),
             exit_code=exit_code,
         )
+
+    def _record_cost(self, run: Run, started: Invocation, usage, exit_code: int) -> None:
+        """Append one finished invocation's cost to the run's cost.jsonl."""
+        self._append_cost(
+            run, self._cost_entry(run, started, usage.ru_utime + usage.ru_stime, exit_code)
+        )
+
+    def _append_cost(self, run: Run, entry: dict) -> None:
         path = self.workdir(run) / "cost.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as ledger:
             ledger.write(json.dumps(entry) + "\n")
+        (self.workdir(run) / PENDING_COST).unlink(missing_ok=True)
+
+    def _snapshot_cost(self, run: Run, started: Invocation, pid: int) -> None:
+        """Save the running invocation's cost so far (replaced whole, never half-written)."""
+        cpu_seconds = cpu_seconds_so_far(pid)
+        if cpu_seconds is None:
+            return
+        path = self.workdir(run) / PENDING_COST
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(json.dumps(self._cost_entry(run, started, cpu_seconds, None)) + "\n")
+        os.replace(partial, path)
+
+    def _settle_killed_invocation(self, run: Run) -> None:
+        """Move the cost a killed sweep left unrecorded into the ledger: its CPU time as of its
+        last snapshot, and the steps up to the newest checkpoint it saved."""
+        path = self.workdir(run) / PENDING_COST
+        if not path.is_file():
+            return
+        entry = json.loads(path.read_text())
+        entry.update(to_step=self.last_checkpoint(run), exit_code=None, killed=True)
+        self._append_cost(run, entry)
 
     def _start(self, run: Run, cores: list[int]) -> subprocess.Popen:
         self.log(run).parent.mkdir(parents=True, exist_ok=True)
@@ -245,31 +290,53 @@ class Invocation:
     monotonic: float = dataclasses.field(default_factory=time.monotonic)
 
 
-def _wait_any(processes: dict[int, subprocess.Popen]) -> tuple[int, object]:
+def _wait_any(
+    processes: dict[int, subprocess.Popen], every_snapshot: Callable[[], None] = lambda: None
+) -> tuple[int, object]:
     """The key of the first process to finish, and its resource usage (os.wait4's: the CPU time
-    of the process and of every child it waited for)."""
+    of the process and of every child it waited for); `every_snapshot` is called every
+    SNAPSHOT_SECONDS meanwhile."""
+    last_snapshot = time.monotonic()
     while True:
         for key, proc in processes.items():
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 proc.returncode = os.waitstatus_to_exitcode(status)
                 return key, usage
-        time.sleep(1.0)
+        if time.monotonic() - last_snapshot >= SNAPSHOT_SECONDS:
+            every_snapshot()
+            last_snapshot = time.monotonic()
+        time.sleep(min(1.0, SNAPSHOT_SECONDS))
+
+
+def cpu_seconds_so_far(pid: int) -> float | None:
+    """The CPU seconds a running process has used (user + system over its threads, and its
+    waited-for children: what os.wait4 will report), from /proc/PID/stat; None where there is
+    no /proc (not Linux) or the process is gone."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # after the command name (which may hold spaces) come fields 3...; utime, stime, cutime
+    # and cstime are fields 14-17, in clock ticks
+    fields = stat.rsplit(")", 1)[1].split()
+    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def cost(workdir: pathlib.Path) -> dict | None:
-    """A run's cost over its invocations (cost.jsonl): CPU seconds, and the share of its steps
-    they cover (below 1 where an invocation ran before the ledger existed, or was killed
-    without the sweep noticing). None without a ledger."""
-    path = workdir / "cost.jsonl"
-    if not path.is_file():
+    """A run's cost over its invocations (cost.jsonl, and a killed sweep's unsettled snapshot):
+    CPU seconds, and the steps they cover (fewer than the run's where an invocation ran before
+    the ledger existed). None without a ledger."""
+    entries = []
+    for name in ("cost.jsonl", PENDING_COST):
+        path = workdir / name
+        if path.is_file():
+            entries += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not entries:
         return None
-    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    covered = sum(max(0, e["to_step"] - e["from_step"]) for e in entries)
     return dict(
         cpu_seconds=sum(e["cpu_seconds"] for e in entries),
-        steps_covered=covered,
-        hosts=sorted({e["host"] for e in entries}),
+        steps_covered=sum(max(0, e["to_step"] - e["from_step"]) for e in entries),
     )
 
 
