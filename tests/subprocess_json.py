@@ -17,10 +17,13 @@ def last_json_line(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+def run_in_repo(argv: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """`argv` from the repository root, its output captured as text (kwargs: env, input)."""
+    return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=timeout, **kwargs)
+
+
 def run_python(args: list[str], timeout: int) -> dict:
     """`python *args` from the repository root; fails the test with the program's stderr tail."""
-    out = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout
-    )
+    out = run_in_repo([sys.executable, *args], timeout)
     assert out.returncode == 0, out.stderr[-3000:]
     return last_json_line(out.stdout)

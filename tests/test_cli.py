@@ -21,6 +21,7 @@ import pytest
 from tests import bounded, checkpoint_damage
 from tests.built_once import built_once
 from tests.e2e_corpus import write_corpus
+from tests.subprocess_json import run_in_repo
 from tests.test_config import _closed_form_count
 from tfm.data.corpus import split_of
 from tfm.inference import translate
@@ -76,9 +77,7 @@ class TinyRun:
 
 
 def _run(args, timeout=300, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout, **kwargs
-    )
+    return run_in_repo([sys.executable, *args], timeout, **kwargs)
 
 
 def _decode(workdir, *args, **kwargs) -> subprocess.CompletedProcess:

@@ -15,6 +15,7 @@ import pytest
 
 from tests import bounded
 from tests.e2e_corpus import write_corpus
+from tests.subprocess_json import run_in_repo
 from tfm.job.checkpoint import Checkpointer
 from tfm.xla_cpu import saved_programs
 
@@ -55,8 +56,8 @@ def _args(tmp_path, workdir, steps, extra=()):
     ]
 
 
-def _run(args, timeout=900, env=None):
-    return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=env)
+def _run(argv, timeout=900, env=None):
+    return run_in_repo(argv, timeout, env=env)
 
 
 def _decode(workdir, *args):

@@ -18,6 +18,7 @@ import pytest
 from tests import bounded, checkpoint_damage
 from tests.e2e_corpus import write_corpus
 from tests.mo_files import write_mo
+from tests.subprocess_json import run_in_repo
 from tfm import training
 from tfm.config import ModelConfig
 from tfm.data import corpus as corpora
@@ -29,10 +30,8 @@ from tfm.job.workdir import ModelCard, Workdir, WorkdirError, check_resume, excl
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _run(args, **kwargs):
-    return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=300, **kwargs
-    )
+def _run(args, timeout=300, **kwargs) -> subprocess.CompletedProcess:
+    return run_in_repo([sys.executable, *args], timeout, **kwargs)
 
 
 # --- caches keyed by content -------------------------------------------------------------------
