@@ -27,6 +27,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.vocab_size = 37000  # shared BPE vocabulary (section 5.1)
     config.max_seq_len = 256  # longest training sentence per side in tokens, EOS included
     config.overlong = "drop"  # or "truncate"
+    config.encoding_errors = "strict"  # or "replace": invalid UTF-8 in a text/tsv corpus -> U+FFFD
     config.pack = False
     config.batch_tokens = 25000  # per side (section 5.1)
     config.grad_accum_steps = 1  # micro-batches per step (same result as one big batch)

@@ -414,6 +414,18 @@ def test_prepare_reports_what_it_built_and_reused(tiny_run, tmp_path):
     again = json.loads(_run([*args, "--encoding_errors=replace"]).stdout)
     assert set(again["caches"].values()) == {"reused"}
     assert again["dataset_fingerprint"] == summary["dataset_fingerprint"]
+    # train.py on the same corpus: refused naming the line and its own flag, then trained on it
+    train = [
+        str(ROOT / "train.py"), f"--config.dataset={spec}",
+        f"--config.data_dir={tmp_path / 'data'}", "--config.num_train_steps=1", *TINY,
+    ]  # fmt: skip
+    refused = _run([*train, f"--workdir={tmp_path / 'refused'}"])
+    assert refused.returncode != 0 and "line 8: invalid UTF-8" in refused.stderr
+    assert "--config.encoding_errors=replace (train.py)" in refused.stderr
+    assert not (tmp_path / "refused" / "checkpoints").exists()
+    trained = _run([*train, f"--workdir={tmp_path / 'run'}", "--config.encoding_errors=replace"])
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert _steps(tmp_path / "run") == [1]
     # a training target edited in place (the line count unchanged): vocabulary and ids built anew
     targets = (corpus / "train.de").read_text().splitlines()
     index = next(

@@ -79,7 +79,10 @@ def decode_lines(
     where: str,
     errors: str = "strict",
     counts: collections.Counter | None = None,
-    remedy: str = "pass encoding_errors='replace' to substitute U+FFFD",
+    remedy: str = (
+        "have U+FFFD substituted: --encoding_errors replace (python -m tfm.data.prepare), "
+        "--config.encoding_errors=replace (train.py), encoding_errors='replace' (Python)"
+    ),
     first_line: int = 1,
 ) -> list[str]:
     """UTF-8 lines of `data`, split on LF only: a CR before the LF ends a CRLF line, a CR inside

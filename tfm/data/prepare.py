@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _prepare_or_build(spec: sources.SourceSpec, args) -> PreparedData:
-    options = {} if spec.kind in ("tfds", "gettext") else dict(encoding_errors=args.encoding_errors)
+    options = dict(encoding_errors=args.encoding_errors)  # text and tsv corpora only
     try:
         return prepare(spec, args.data_dir, args.vocab_size, args.workers, **options)
     except CorpusError as error:

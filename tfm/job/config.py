@@ -62,6 +62,7 @@ class JobConfig:
     loop: LoopConfig
     final: FinalEvaluation
     kernels: str = "auto"  # tfm.kernels: not part of the model; a run may resume with another
+    encoding_errors: str = "strict"  # invalid UTF-8 in a text/tsv corpus: "strict" or "replace"
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         return ModelConfig(vocab_size=vocab_size, **self.model)
@@ -210,8 +211,14 @@ def job_config_from(config) -> JobConfig:
         "config.dataset",
     )
     kernels_setting = _valid(lambda: kernels.check(top.get("kernels")), "config.kernels")
+    encoding_errors = top.get("encoding_errors")
+    if encoding_errors not in ("strict", "replace"):
+        raise ValueError(
+            f"config.encoding_errors must be 'strict' or 'replace', got {encoding_errors!r}"
+        )
     job = JobConfig(
         kernels=kernels_setting,
+        encoding_errors=encoding_errors,
         spec=spec,
         data_dir=pathlib.Path(top.get("data_dir")),
         vocab_size=vocab_size,

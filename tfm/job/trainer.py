@@ -58,7 +58,9 @@ def build_job(config: JobConfig, workdir: str | pathlib.Path) -> Job:
     the batch pipelines; check that the workdir holds this run (or none), then write the model
     card."""
     workdir = Workdir(workdir)
-    data = prepare(config.spec, config.data_dir, config.vocab_size)
+    data = prepare(
+        config.spec, config.data_dir, config.vocab_size, encoding_errors=config.encoding_errors
+    )
     model = Transformer(config.model_config(data.tokenizer.vocab_size), kernels=config.kernels)
     optimizer = training.make_optimizer(config.train, model.config.d_model)
     tensor = config.parallelism == "tensor"
