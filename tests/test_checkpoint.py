@@ -36,7 +36,7 @@ def test_keeps_the_last_k(tmp_path):
     assert saver.steps() == [3, 4]
 
 
-def test_corrupt_latest_checkpoint_falls_back_with_a_warning(tmp_path, capsys):
+def test_corrupt_latest_checkpoint_falls_back_with_a_warning(tmp_path, caplog):
     saver = ckpt.Checkpointer(tmp_path, keep=5)
     saver.save(1, _state(1))
     saver.save(2, _state(2))
@@ -49,7 +49,7 @@ def test_corrupt_latest_checkpoint_falls_back_with_a_warning(tmp_path, capsys):
     np.testing.assert_array_equal(
         state["params"]["dense"]["bias"], _state(1)["params"]["dense"]["bias"]
     )
-    assert "checkpoint 2" in capsys.readouterr().err
+    assert "checkpoint 2" in caplog.text
     with pytest.raises(ckpt.CheckpointError, match="checkpoint 2"):
         ckpt.Checkpointer(tmp_path).restore(_state(0), step=2)
 

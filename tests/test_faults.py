@@ -194,7 +194,7 @@ def test_intact_checkpoints_verify_by_both_restore_paths(tmp_path):
 
 @pytest.mark.parametrize("part", checkpoint_damage.PARTS)
 def test_a_damaged_checkpoint_is_moved_aside_and_its_step_can_be_saved_again(
-    tmp_path, capsys, part
+    tmp_path, caplog, part
 ):
     saver = ckpt.Checkpointer(tmp_path)
     for step in (1, 2):
@@ -203,8 +203,7 @@ def test_a_damaged_checkpoint_is_moved_aside_and_its_step_can_be_saved_again(
     restorer = ckpt.Checkpointer(tmp_path)
     state, _, _, step = restorer.restore(_train_state(0))
     assert step == 1 and int(state.step) == 1
-    err = capsys.readouterr().err
-    assert f"checkpoint 2 in {tmp_path / 'checkpoints'} is damaged: {part}" in err
+    assert f"checkpoint 2 in {tmp_path / 'checkpoints'} is damaged: {part}" in caplog.text
     assert (tmp_path / "checkpoints" / "2.damaged").is_dir()
     restorer.save(2, _train_state(2))  # the step can be written again
     assert restorer.steps() == [1, 2]
@@ -240,13 +239,13 @@ def test_flipped_bytes_never_restore_silently(tmp_path):
     assert step == 1
 
 
-def test_averaging_fewer_checkpoints_than_asked_says_so(tmp_path, capsys):
+def test_averaging_fewer_checkpoints_than_asked_says_so(tmp_path, caplog):
     saver = ckpt.Checkpointer(tmp_path)
     for step in (1, 2):
         saver.save(step, _train_state(step))
     _, steps = ckpt.average_last(tmp_path, 50)
     assert steps == [1, 2]
-    assert "averaging 2 checkpoints [1, 2]" in capsys.readouterr().err
+    assert "averaging 2 checkpoints [1, 2]" in caplog.text
 
 
 # --- decode.py keeps lines and work ------------------------------------------------------------

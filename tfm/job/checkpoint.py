@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import pathlib
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -203,7 +202,6 @@ class Checkpointer:
                 if not self.read_only:
                     message += f"; moved aside to {self.move_aside(candidate).name}"
                 log.warning("%s; trying the previous one", message)
-                print(f"WARNING: {message}; trying the previous one", file=sys.stderr)
                 errors.append(message)
         raise CheckpointError("no readable checkpoint: " + "; ".join(errors))
 
@@ -302,7 +300,7 @@ def average_last(workdir: str | pathlib.Path, last: int) -> tuple[Any, list[int]
         try:
             p, _ = checkpointer.restore_params(step)
         except CheckpointError as error:
-            print(f"WARNING: skipping {error}", file=sys.stderr)
+            log.warning("skipping %s", error)
             continue
         chosen.append(step)
         params.append(p)
@@ -311,11 +309,10 @@ def average_last(workdir: str | pathlib.Path, last: int) -> tuple[Any, list[int]
     if not params:
         raise CheckpointError(f"{checkpointer.directory}: no readable checkpoint to average")
     if len(chosen) < last:
-        print(
-            f"WARNING: averaging {len(chosen)} checkpoints {sorted(chosen)}: "
-            f"{checkpointer.directory} holds no {last} verified ones",
-            file=sys.stderr,
-        )
+        log.warning(
+            "averaging %d checkpoints %s: %s holds no %d verified ones",
+            len(chosen), sorted(chosen), checkpointer.directory, last,
+        )  # fmt: skip
     return average_params(params), sorted(chosen)
 
 
