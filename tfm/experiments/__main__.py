@@ -89,7 +89,7 @@ def collect(sweep: Sweep) -> dict:
     (sweep.root / "table3.md").write_text(
         table3_report.markdown(rows, findings, title, floor, agreement)
         + "\n"
-        + table3_report.cost_line(table["core_hours"])
+        + table3_report.cost_line(table["core_hours"], table["hosts"])
         + "\n"
     )
     table3_report.figure(rows, sweep.root / "table3.png", title)

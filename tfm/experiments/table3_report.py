@@ -64,8 +64,8 @@ def run_summary(result: dict, curve: list[tuple[int, float]], cost: dict | None 
     )
 
 
-def cost_line(hours: dict) -> str:
-    """The sweep's cost as table3.md states it."""
+def cost_line(hours: dict, hosts: list[str] = ()) -> str:
+    """The sweep's cost as table3.md states it, and the CPUs the runs trained on."""
     line = (
         f"Cost: {hours['measured']:.2f} core-hours of CPU time measured over {hours['runs']} "
         f"runs; ~{hours['estimated_all_steps']:.2f} core-hours with every step counted"
@@ -75,7 +75,8 @@ def cost_line(hours: dict) -> str:
         gaps.append(f"{hours['runs_partly_measured']} run(s) scaled up from part of their steps")
     if hours["runs_without_ledger"]:
         gaps.append(f"{hours['runs_without_ledger']} run(s) without a cost ledger, not counted")
-    return line + (f" ({'; '.join(gaps)})." if gaps else ".")
+    line += f" ({'; '.join(gaps)})." if gaps else "."
+    return line + (f" Hosts: {'; '.join(hosts)}." if hosts else "")
 
 
 def core_hours(summaries: list[dict]) -> dict:
@@ -160,6 +161,7 @@ def regime(rows: list[dict]) -> dict:
     base = next((r for r in rows if r["row"] == "base"), None)
     if base is None:
         return dict(reached=False, why="the base row has not run")
+    seeds = len(base["dev_sacrebleu"]["values"])
     above = base["dev_sacrebleu"]["mean"] - base["copy_floor"]
     change = base["last_quarter_change"]["mean"]
     reached = above >= REGIME_BLEU_ABOVE_COPY and abs(change) < REGIME_LAST_QUARTER_CHANGE
@@ -167,8 +169,10 @@ def regime(rows: list[dict]) -> dict:
         reached=reached,
         bleu_above_copy=above,
         last_quarter_change=change,
+        base_seeds=seeds,
         why=(
-            f"base dev sacreBLEU {above:+.2f} over copying the source (needs >= "
+            f"mean of {seeds} base seed(s): dev sacreBLEU {above:+.2f} over copying the source "
+            f"(needs >= "
             f"{REGIME_BLEU_ABOVE_COPY:g}); dev perplexity changed {100 * change:.1f}% over the "
             f"last quarter of training (needs < {100 * REGIME_LAST_QUARTER_CHANGE:g}%)"
         ),
@@ -268,13 +272,19 @@ def spearman(a, b) -> float:
     return float((ra * rb).sum() / denominator) if denominator else float("nan")
 
 
+# fewer rows than this have no rank correlation worth printing
+MIN_RANKED_ROWS = 3
+
+
 def rank_agreement(
     rows: list[dict], key: str, paper_key: str, draws: int = 2000, seed: int = 0
 ) -> dict:
     """Spearman correlation between tfm's rows and the paper's on one figure, with a 95%
     percentile bootstrap interval: each draw resamples the rows, and each row's seeds, with
-    replacement."""
+    replacement. None for all three below MIN_RANKED_ROWS rows."""
     usable = [r for r in rows if r["paper"][paper_key] is not None]
+    if len(usable) < MIN_RANKED_ROWS:
+        return dict(spearman=None, low=None, high=None, rows=len(usable))
     ours = [r[key]["values"] for r in usable]
     paper = np.array([r["paper"][paper_key] for r in usable], float)
     estimate = spearman([np.mean(v) for v in ours], paper)
@@ -351,6 +361,12 @@ def markdown(
         f"Regime: {'reached' if state['reached'] else 'NOT reached'} ({state['why']}).",
     ]
     for name, figure_agreement in (agreement or {}).items():
+        if figure_agreement["spearman"] is None:
+            lines.append(
+                f"Spearman rank correlation with the paper's rows, {name}: not computed "
+                f"({figure_agreement['rows']} row(s) with results; needs {MIN_RANKED_ROWS})."
+            )
+            continue
         lines.append(
             f"Spearman rank correlation with the paper's rows, {name}: "
             f"{figure_agreement['spearman']:+.2f} (95% bootstrap interval "
