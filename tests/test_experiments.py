@@ -16,7 +16,7 @@ from tests import bounded
 from tests.e2e_corpus import write_corpus
 from tfm.config import table3
 from tfm.experiments import slurm, table3_report
-from tfm.experiments.sweep import Settings, Sweep, SweepError, cost, parse_rows, plan
+from tfm.experiments.sweep import Run, Settings, Sweep, SweepError, cost, parse_rows, plan
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -294,7 +294,9 @@ while not os.environ.get("STAND_IN_EXITS"):
 """
 
 
-def test_a_sweep_killed_outright_is_charged_its_cpu_time_on_the_next_invocation(tmp_path):
+def test_a_sweep_killed_outright_is_charged_its_cpu_time_on_the_next_invocation(
+    tmp_path, monkeypatch
+):
     """SIGKILL (a session or machine going away) gives the sweep no chance to record a run's
     cost at its end; the half-minute snapshot it left is moved into the ledger next time."""
     repo = tmp_path / "repo"
@@ -317,6 +319,11 @@ def test_a_sweep_killed_outright_is_charged_its_cpu_time_on_the_next_invocation(
             return pending.is_file() and json.loads(pending.read_text())["cpu_seconds"] >= 1.0
 
         assert bounded.wait_for(charged_a_second, 120, process)
+        # one sweep trains a sweep directory at a time: a second is refused, naming the first
+        second = Sweep(root, Settings("miniature", "data"), repo)
+        monkeypatch.setenv("STAND_IN_EXITS", "1")  # were it not refused, it would not hang
+        with pytest.raises(SweepError, match=f"is being trained by process {process.pid}"):
+            second.run_locally([Run("base", 0)])
     finally:
         os.killpg(process.pid, signal.SIGKILL)  # the driver and its train.py, no clean-up
         process.wait(timeout=60)

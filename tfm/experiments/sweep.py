@@ -14,6 +14,8 @@ A sweep directory holds:
                                 half minute; a sweep killed outright (SIGKILL, a machine going
                                 away) leaves it, and the next invocation moves it into the ledger
     DIR/logs/ROW-seedS.log      that run's stdout and stderr
+    DIR/logs/sweep.lock         held by the process training the sweep here: a second one is
+                                refused, naming the first
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import time
 from collections.abc import Callable
 
 from tfm.config import table3
-from tfm.job import host
+from tfm.job import file_lock, host
 
 # config file of each scale, relative to the repository root
 CONFIG_FILES = {"miniature": "configs/table3_mini.py", "paper": "configs/table3.py"}
@@ -165,6 +167,19 @@ class Sweep:
         share of this machine's cores (small models use two cores poorly; two one-core runs
         train ~15% more tokens per second in all). Each run resumes from its own checkpoints.
         Returns the runs that failed; their logs say why."""
+        lock = self.root / "logs" / "sweep.lock"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+
+        def refuse(holder: str) -> None:
+            raise SweepError(
+                f"{self.root} is being trained by process {holder} (it holds {lock}); wait for "
+                f"it, or stop it (kill -TERM {holder}) and run this again"
+            )
+
+        with file_lock.held(lock, refuse):
+            return self._run_locally(runs, parallel)
+
+    def _run_locally(self, runs: list[Run], parallel: int) -> list[Run]:
         todo = []
         for run in runs:
             if self.finished(run):
