@@ -402,7 +402,7 @@ def test_a_two_row_sweep_writes_the_table_and_a_second_run_trains_nothing(tmp_pa
             results["validation"]["beam_size"] == 4
             and len(results["validation"]["averaged_steps"]) == 1
         )
-    assert "| base |" in (sweep / "table3.md").read_text()
+    assert "| base | 2 |" in (sweep / "table3.md").read_text()  # its row, and its seeds
     # each run's ledger: one invocation from step 0 to its last, its CPU time counted
     for run in ("base/seed0", "base/seed1", "E/seed0"):
         (entry,) = [json.loads(x) for x in (sweep / "runs" / run / "cost.jsonl").open()]

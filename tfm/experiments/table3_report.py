@@ -325,8 +325,8 @@ def markdown(
     lines = [
         f"### {title}",
         "",
-        "| row | " + " | ".join(head + figures + paper) + " |",
-        "|" + "---|" * (1 + len(head) + len(figures) + len(paper)),
+        "| row | seeds | " + " | ".join(head + figures + paper) + " |",
+        "|" + "---|" * (2 + len(head) + len(figures) + len(paper)),
     ]
     for r in rows:
         cells = []
@@ -342,7 +342,7 @@ def markdown(
         ]
         p = r["paper"]
         cells += [str(p["dev_perplexity"]), str(p["dev_bleu"]), str(p["params_millions"])]
-        lines.append(f"| {r['row']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['row']} | {len(r['seeds'])} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "Means over seeds, ± their standard deviation where a row ran with several seeds. PPL is "
