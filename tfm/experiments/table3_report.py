@@ -392,13 +392,17 @@ def markdown(
 def figure(rows: list[dict], output: pathlib.Path, title: str) -> None:
     """Each row's change from the base row in dev BLEU (tokenized, the paper's way) and dev PPL,
     in percent of the base's value so that the miniature and the paper share one scale: tfm
-    (seed std as error bars, the base's ±2 std band shaded) beside the paper (crosses)."""
+    (seed std as error bars, the base's ±2 std band shaded) beside the paper (crosses); below,
+    each row's validation perplexity curve."""
     by_row = {r["row"]: r for r in rows}
     if "base" not in by_row:
         return
     base = by_row["base"]
     names = [r["row"] for r in rows]
-    fig, axes = plt.subplots(2, 1, figsize=(11, 6.5), dpi=120, sharex=True)
+    fig = plt.figure(figsize=(11, 11), dpi=120)
+    grid = fig.add_gridspec(3, 1, height_ratios=(1, 1, 1.4))
+    top = fig.add_subplot(grid[0])
+    axes = (top, fig.add_subplot(grid[1], sharex=top))
     panels = (
         ("dev_tokenized_bleu", "dev_bleu", "dev BLEU, % change vs base"),
         ("dev_perplexity", "dev_perplexity", "dev PPL, % change vs base"),
@@ -421,23 +425,26 @@ def figure(rows: list[dict], output: pathlib.Path, title: str) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(loc="best", fontsize=8)
     axes[0].set_title(title)
+    axes[0].tick_params(labelbottom=False)
     axes[1].set_xticks(range(len(names)))
     axes[1].set_xticklabels(names, rotation=60, fontsize=8)
+    learning_curves(rows, fig.add_subplot(grid[2]))
     fig.tight_layout()
     fig.savefig(output)
     plt.close(fig)
-    curves(rows, output.with_name(output.stem + "_curves" + output.suffix), title)
 
 
-def curves(rows: list[dict], output: pathlib.Path, title: str) -> None:
+def learning_curves(rows: list[dict], ax) -> None:
     """Each row's validation perplexity against training step (mean over its seeds), log
-    scale, the base in black: how far each row had settled when it stopped."""
-    fig, ax = plt.subplots(figsize=(11, 6), dpi=120)
+    scale, the base in black: how far each row had settled when it stopped (the first sixth of
+    training, where every row is still far off, runs off the top)."""
     colors = plt.colormaps["tab20"]
+    shown = []  # perplexities after the first sixth of each run: the axis is set to show them
     for i, r in enumerate(rows):
         if not r.get("curve"):
             continue
         steps, ppl = zip(*r["curve"], strict=True)
+        shown += [p for step, p in r["curve"] if step >= steps[-1] / 6]
         base = r["row"] == "base"
         ax.plot(
             steps,
@@ -447,11 +454,10 @@ def curves(rows: list[dict], output: pathlib.Path, title: str) -> None:
             label=r["row"],
         )
     ax.set_yscale("log")
+    if shown:
+        ax.set_ylim(min(shown) / 1.05, max(shown) * 1.05)
     ax.set_xlabel("training step")
     ax.set_ylabel("validation perplexity (per target piece)")
-    ax.set_title(title + ": learning curves")
+    ax.set_title("learning curves (mean over seeds)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(ncol=4, fontsize=7, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(output)
-    plt.close(fig)
