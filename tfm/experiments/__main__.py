@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 
-from tfm.experiments import slurm, table3_report
+from tfm.experiments import slurm, table3_figure, table3_report
 from tfm.experiments.sweep import (
     CONFIG_FILES,
     ROWS,
@@ -92,7 +92,7 @@ def collect(sweep: Sweep) -> dict:
         + table3_report.cost_line(table["core_hours"], table["hosts"])
         + "\n"
     )
-    table3_report.figure(rows, sweep.root / "table3.png", title)
+    table3_figure.figure(rows, sweep.root / "table3.png", title)
     return table
 
 
