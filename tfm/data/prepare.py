@@ -277,9 +277,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _prepare_or_build(spec: sources.SourceSpec, args) -> PreparedData:
-    options = dict(encoding_errors=args.encoding_errors)  # text and tsv corpora only
     try:
-        return prepare(spec, args.data_dir, args.vocab_size, args.workers, **options)
+        return prepare(
+            spec, args.data_dir, args.vocab_size, args.workers, encoding_errors=args.encoding_errors
+        )
     except CorpusError as error:
         if spec.kind != "tfds" or "is not prepared" not in str(error):
             raise
@@ -287,7 +288,9 @@ def _prepare_or_build(spec: sources.SourceSpec, args) -> PreparedData:
 
     print(f"first use of {spec.name}: building it under {args.data_dir}", file=sys.stderr)
     tfds_sources.prepare_dataset(spec.argument, args.data_dir)
-    return prepare(spec, args.data_dir, args.vocab_size, args.workers, **options)
+    return prepare(
+        spec, args.data_dir, args.vocab_size, args.workers, encoding_errors=args.encoding_errors
+    )
 
 
 if __name__ == "__main__":

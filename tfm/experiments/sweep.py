@@ -306,7 +306,7 @@ class Invocation:
 
 
 def _wait_any(
-    processes: dict[int, subprocess.Popen], every_snapshot: Callable[[], None] = lambda: None
+    processes: dict[int, subprocess.Popen], every_snapshot: Callable[[], None]
 ) -> tuple[int, object]:
     """The key of the first process to finish, and its resource usage (os.wait4's: the CPU time
     of the process and of every child it waited for); `every_snapshot` is called every
@@ -342,11 +342,12 @@ def cost(workdir: pathlib.Path) -> dict | None:
     """A run's cost over its invocations (cost.jsonl, and a killed sweep's unsettled snapshot):
     CPU seconds, and the steps they cover (fewer than the run's where an invocation ran before
     the ledger existed). None without a ledger."""
-    entries = []
-    for name in ("cost.jsonl", PENDING_COST):
-        path = workdir / name
-        if path.is_file():
-            entries += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    entries = [
+        entry
+        for name in ("cost.jsonl", PENDING_COST)
+        if (workdir / name).is_file()
+        for entry in _read_jsonl(workdir / name)
+    ]
     if not entries:
         return None
     return dict(
@@ -356,7 +357,10 @@ def cost(workdir: pathlib.Path) -> dict | None:
 
 
 def read_metrics(workdir: pathlib.Path) -> list[dict]:
-    path = workdir / "metrics.jsonl"
+    return _read_jsonl(workdir / "metrics.jsonl")
+
+
+def _read_jsonl(path: pathlib.Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
