@@ -76,12 +76,17 @@ def test_a_jax_cache_directory_set_by_the_user_gets_no_saved_programs(tmp_path):
 
 
 @pytest.mark.parametrize("module", ["tfm", "tfm.inference.decoding", "tfm.job.trainer"])
-def test_importing_changes_no_jax_setting(module):
+def test_importing_changes_no_jax_or_matplotlib_setting(module):
+    """JAX's settings, and matplotlib's backend (the trainer draws its loss curve): a user who
+    chose the pdf backend keeps it."""
     code = (
-        "import json, jax\n"
+        "import json, jax, matplotlib\n"
+        "matplotlib.use('pdf')\n"
         "before = {k: repr(v) for k, v in jax.config.values.items()}\n"
+        "before['matplotlib backend'] = matplotlib.get_backend()\n"
         f"import {module}\n"
         "after = {k: repr(v) for k, v in jax.config.values.items()}\n"
+        "after['matplotlib backend'] = matplotlib.get_backend()\n"
         "print(json.dumps(sorted(k for k in after if after[k] != before.get(k))))"
     )
     out = subprocess.run(

@@ -6,11 +6,8 @@ import json
 import pathlib
 from collections.abc import Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
+from matplotlib.figure import Figure  # not pyplot: no global backend or figure state
 
 
 def read_metrics(path: str | pathlib.Path) -> list[dict]:
@@ -30,7 +27,8 @@ def plot_training_curves(metrics_path: str | pathlib.Path, output: str | pathlib
     records = read_metrics(metrics_path)
     train = [r for r in records if r.get("kind") == "train"]
     evals = [r for r in records if r.get("kind") == "eval"]
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    fig = Figure(figsize=(7, 4.2), dpi=120)
+    ax = fig.add_subplot()
     if train:
         steps = [r["step"] for r in train]
         ax.plot(steps, [r["loss"] for r in train], label="train loss (label-smoothed)", lw=1.2)
@@ -62,7 +60,6 @@ def plot_training_curves(metrics_path: str | pathlib.Path, output: str | pathlib
     ax.legend()
     fig.tight_layout()
     fig.savefig(output)
-    plt.close(fig)
 
 
 def plot_attention_grid(
@@ -98,9 +95,8 @@ def plot_attention(
     layers = sum(len(maps[kind]) for kind, _, _ in kinds)
     heads = max(m.shape[0] for kind, _, _ in kinds for m in maps[kind])
     cell = 0.28 * max(len(src_tokens), len(tgt_tokens), 6)
-    fig, axes = plt.subplots(
-        layers, heads, figsize=(cell * heads + 1, cell * layers + 1), squeeze=False, dpi=110
-    )
+    fig = Figure(figsize=(cell * heads + 1, cell * layers + 1), dpi=110)
+    axes = fig.subplots(layers, heads, squeeze=False)
     row = 0
     for kind, queries, keys in kinds:
         for layer, weights in enumerate(maps[kind]):
@@ -108,4 +104,3 @@ def plot_attention(
             row += 1
     fig.tight_layout()
     fig.savefig(output)
-    plt.close(fig)
