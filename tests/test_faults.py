@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from tfm.config import ModelConfig
 from tfm.data import corpus as corpora
 from tfm.data import gettext_catalogs, prepare, sources
 from tfm.job import checkpoint as ckpt
+from tfm.job import metrics_file
 from tfm.job.train_log import TrainLog
 from tfm.job.workdir import ModelCard, Workdir, WorkdirError, check_resume, exclusive, start_over
 
@@ -161,6 +163,16 @@ def test_records_after_the_resumed_checkpoint_are_dropped(tmp_path):
     TrainLog(metrics, tmp_path / "tb", start=50, total=100).close()
     kept = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert kept == [records[0], records[1], records[3]]
+
+
+def test_a_damaged_metrics_line_is_named_not_skipped(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    whole = [dict(kind="train", step=25), dict(kind="eval", step=25, perplexity=4.0)]
+    metrics.write_text(json.dumps(whole[0]) + "\n\n" + json.dumps(whole[1]) + "\n")
+    assert metrics_file.read(metrics) == whole
+    metrics.write_text(json.dumps(whole[0]) + "\n" + '{"kind": "ev' + "\n")
+    with pytest.raises(metrics_file.DamagedMetrics, match=rf"{re.escape(str(metrics))}:2: "):
+        metrics_file.read(metrics)
 
 
 # --- verified restores -------------------------------------------------------------------------

@@ -2,29 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import pathlib
 from collections.abc import Sequence
 
 import numpy as np
 from matplotlib.figure import Figure  # not pyplot: no global backend or figure state
 
-
-def read_metrics(path: str | pathlib.Path) -> list[dict]:
-    """Records of a metrics.jsonl file (lines that do not parse are skipped)."""
-    records = []
-    for line in pathlib.Path(path).read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
+from tfm.job import metrics_file
 
 
 def plot_training_curves(metrics_path: str | pathlib.Path, output: str | pathlib.Path) -> None:
     """Training loss (label-smoothed and NLL), validation NLL and (when logged) validation
     sacreBLEU against step, as a PNG."""
-    records = read_metrics(metrics_path)
+    records = metrics_file.read(metrics_path)
     train = [r for r in records if r.get("kind") == "train"]
     evals = [r for r in records if r.get("kind") == "eval"]
     fig = Figure(figsize=(7, 4.2), dpi=120)

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 
 from tfm.config import table3
-from tfm.job import file_lock, host
+from tfm.job import file_lock, host, metrics_file
 
 # config file of each scale, relative to the repository root
 CONFIG_FILES = {"miniature": "configs/table3_mini.py", "paper": "configs/table3.py"}
@@ -346,7 +346,7 @@ def cost(workdir: pathlib.Path) -> dict | None:
         entry
         for name in ("cost.jsonl", PENDING_COST)
         if (workdir / name).is_file()
-        for entry in _read_jsonl(workdir / name)
+        for entry in metrics_file.read(workdir / name)
     ]
     if not entries:
         return None
@@ -357,11 +357,7 @@ def cost(workdir: pathlib.Path) -> dict | None:
 
 
 def read_metrics(workdir: pathlib.Path) -> list[dict]:
-    return _read_jsonl(workdir / "metrics.jsonl")
-
-
-def _read_jsonl(path: pathlib.Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return metrics_file.read(workdir / "metrics.jsonl")
 
 
 def perplexity_curve(workdir: pathlib.Path) -> list[tuple[int, float]]:

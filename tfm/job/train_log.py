@@ -9,7 +9,6 @@ or evaluated.
 
 from __future__ import annotations
 
-import json
 import math
 import pathlib
 import sys
@@ -19,6 +18,8 @@ from typing import Any
 import jax
 import numpy as np
 from tqdm import tqdm
+
+from tfm.job import metrics_file
 
 
 class TrainingDiverged(RuntimeError):
@@ -39,7 +40,7 @@ class TrainLog:
         self.trained_tokens = 0.0
         self._tensorboard = None
         if self.enabled:
-            _drop_records_after(metrics_path, start)
+            metrics_file.drop_records_after(metrics_path, start)
             from tensorboardX import SummaryWriter
 
             self._tensorboard = SummaryWriter(str(tensorboard_dir))
@@ -111,8 +112,7 @@ class TrainLog:
     def write(self, record: dict) -> None:
         if not self.enabled:
             return
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        metrics_file.append(self.path, record)
         prefix = record.get("kind", "train")
         for key, value in record.items():
             if isinstance(value, (int, float)) and key not in ("step", "time"):
@@ -123,24 +123,6 @@ class TrainLog:
         self._bar.close()
         if self._tensorboard is not None:
             self._tensorboard.close()
-
-
-def _drop_records_after(path: pathlib.Path, step: int) -> None:
-    """Keep the records up to `step`, where a resumed run continues: an interrupted run wrote
-    records past its last checkpoint, which the resumed run writes again."""
-    if not path.is_file():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", 0) > step:
-                continue
-        except (json.JSONDecodeError, AttributeError):
-            continue  # a line cut short by a kill
-        kept.append(line)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text("".join(line + "\n" for line in kept))
-    partial.replace(path)
 
 
 def _check_finite(fetched: list[tuple[int, dict]]) -> list[dict]:

@@ -1,0 +1,59 @@
+"""The `metrics.jsonl` file of a workdir: one JSON record per line, appended as training goes
+(`kind` "train" or "eval", with its `step`), trimmed back to the checkpoint a run resumes from.
+
+Kept free of JAX so that light readers (the Table 3 sweep's driver, plotting) can use it.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+
+class DamagedMetrics(ValueError):
+    """A line of metrics.jsonl is not a JSON record."""
+
+
+def append(path: pathlib.Path, record: dict) -> None:
+    with path.open("a") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+def read(path: str | pathlib.Path) -> list[dict]:
+    """Every record of the file, in the order written. A finished or resumed run's file is
+    whole, so a line that does not parse is damage: it raises, naming the file and line."""
+    path = pathlib.Path(path)
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DamagedMetrics(
+                f"{path}:{number}: not a JSON record ({error.msg}); restore the file from its "
+                "source or delete the line, then read it again"
+            ) from None
+        if not isinstance(record, dict):
+            raise DamagedMetrics(f"{path}:{number}: a JSON {type(record).__name__}, not a record")
+        records.append(record)
+    return records
+
+
+def drop_records_after(path: pathlib.Path, step: int) -> None:
+    """Keep the records up to `step`, where a resumed run continues: an interrupted run wrote
+    records past its last checkpoint, which the resumed run writes again. A line cut short by
+    the interruption is dropped with them."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) > step:
+                continue
+        except (json.JSONDecodeError, AttributeError):
+            continue
+        kept.append(line)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("".join(line + "\n" for line in kept))
+    partial.replace(path)
