@@ -277,10 +277,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _prepare_or_build(spec: sources.SourceSpec, args) -> PreparedData:
-    try:
+    def prepare_now() -> PreparedData:
         return prepare(
             spec, args.data_dir, args.vocab_size, args.workers, encoding_errors=args.encoding_errors
         )
+
+    try:
+        return prepare_now()
     except CorpusError as error:
         if spec.kind != "tfds" or "is not prepared" not in str(error):
             raise
@@ -288,9 +291,7 @@ def _prepare_or_build(spec: sources.SourceSpec, args) -> PreparedData:
 
     print(f"first use of {spec.name}: building it under {args.data_dir}", file=sys.stderr)
     tfds_sources.prepare_dataset(spec.argument, args.data_dir)
-    return prepare(
-        spec, args.data_dir, args.vocab_size, args.workers, encoding_errors=args.encoding_errors
-    )
+    return prepare_now()
 
 
 if __name__ == "__main__":

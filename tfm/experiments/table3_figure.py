@@ -3,6 +3,7 @@ validation perplexity curve, from the rows of `table3_report.aggregate`."""
 
 from __future__ import annotations
 
+import math
 import pathlib
 
 import matplotlib
@@ -35,7 +36,7 @@ def figure(rows: list[dict], output: pathlib.Path, title: str) -> None:
         errors = [100 * (by_row[n][key]["std"] or 0.0) / ours_base for n in names]
         theirs = [100 * (by_row[n]["paper"][paper_key] / theirs_base - 1) for n in names]
         band = 200 * (base[key]["std"] or 0.0) / ours_base
-        band = 0.0 if band != band else band  # NaN
+        band = 0.0 if math.isnan(band) else band  # a NaN metric (diverged run) draws no band
         positions = range(len(names))
         ax.axhspan(-band, band, color="0.85", label="base ± 2 seed std (tfm)")
         ax.errorbar(positions, ours, yerr=errors, fmt="o", color="C0", label="tfm miniature")
