@@ -46,3 +46,16 @@ def test_tensor_rules_split_heads_and_d_ff():
     assert spec(["embedding", "embedding"], (64, 32), "data") == P(None, None)
     with pytest.raises(ValueError, match="parallelism"):
         spec(["x"], (2,), "zero3")
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [("TFM_HEARTBEAT_TIMEOUT", "1m"), ("TFM_NUM_PROCESSES", "0"), ("TFM_PROCESS_ID", "-1")],
+)
+def test_a_bad_cluster_variable_is_named_before_jax_is_touched(monkeypatch, name, value):
+    monkeypatch.setenv("TFM_COORDINATOR", "127.0.0.1:9")
+    monkeypatch.setenv(name, value)
+    before = jax.config.jax_cpu_collectives_implementation
+    with pytest.raises(ValueError, match=rf"^environment variable {name}='{value}': "):
+        parallel.initialize_distributed()
+    assert jax.config.jax_cpu_collectives_implementation == before

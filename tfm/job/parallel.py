@@ -30,10 +30,12 @@ def initialize_distributed(
     clusters; on other clusters pass all three (or set TFM_COORDINATOR / TFM_NUM_PROCESSES /
     TFM_PROCESS_ID). A single process with nothing to detect stays single-process."""
     coordinator_address = coordinator_address or os.environ.get("TFM_COORDINATOR")
-    if num_processes is None and "TFM_NUM_PROCESSES" in os.environ:
-        num_processes = int(os.environ["TFM_NUM_PROCESSES"])
-    if process_id is None and "TFM_PROCESS_ID" in os.environ:
-        process_id = int(os.environ["TFM_PROCESS_ID"])
+    if num_processes is None:
+        num_processes = _integer_from_environment("TFM_NUM_PROCESSES")
+    if process_id is None:
+        process_id = _integer_from_environment("TFM_PROCESS_ID", least=0)
+    # a peer that dies is noticed within a minute instead of hanging the job
+    heartbeat_timeout = _integer_from_environment("TFM_HEARTBEAT_TIMEOUT") or 60
     # CPU processes need an explicit collectives backend; GPUs and TPUs ignore this setting.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if coordinator_address is not None:
@@ -41,8 +43,7 @@ def initialize_distributed(
             coordinator_address=coordinator_address,
             num_processes=num_processes,
             process_id=process_id,
-            # a peer that dies is noticed within a minute instead of hanging the job
-            heartbeat_timeout_seconds=int(os.environ.get("TFM_HEARTBEAT_TIMEOUT", "60")),
+            heartbeat_timeout_seconds=heartbeat_timeout,
         )
         return
     cluster_markers = (
@@ -53,6 +54,17 @@ def initialize_distributed(
     )
     if any(marker in os.environ for marker in cluster_markers):
         jax.distributed.initialize()
+
+
+def _integer_from_environment(name: str, least: int = 1) -> int | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    if not value.strip().isdigit() or int(value) < least:
+        raise ValueError(
+            f"environment variable {name}={value!r}: set it to a whole number >= {least}"
+        )
+    return int(value)
 
 
 def make_mesh(model_parallel: int = 1, devices=None) -> Mesh:
