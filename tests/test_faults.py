@@ -171,7 +171,7 @@ def test_a_damaged_metrics_line_is_named_not_skipped(tmp_path):
     metrics.write_text(json.dumps(whole[0]) + "\n\n" + json.dumps(whole[1]) + "\n")
     assert metrics_file.read(metrics) == whole
     metrics.write_text(json.dumps(whole[0]) + "\n" + '{"kind": "ev' + "\n")
-    with pytest.raises(metrics_file.DamagedMetrics, match=rf"{re.escape(str(metrics))}:2: "):
+    with pytest.raises(metrics_file.DamagedRecords, match=rf"{re.escape(str(metrics))}:2: "):
         metrics_file.read(metrics)
 
 

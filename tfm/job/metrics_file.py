@@ -1,7 +1,8 @@
 """The `metrics.jsonl` file of a workdir: one JSON record per line, appended as training goes
 (`kind` "train" or "eval", with its `step`), trimmed back to the checkpoint a run resumes from.
 
-Kept free of JAX so that light readers (the Table 3 sweep's driver, plotting) can use it.
+Kept free of JAX so that light readers (the Table 3 sweep's driver, plotting) can use it; the
+sweep's cost ledger (cost.jsonl) is read by the same strict reader.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import json
 import pathlib
 
 
-class DamagedMetrics(ValueError):
-    """A line of metrics.jsonl is not a JSON record."""
+class DamagedRecords(ValueError):
+    """A line of a JSON-lines file is not a JSON record."""
 
 
 def append(path: pathlib.Path, record: dict) -> None:
@@ -20,8 +21,9 @@ def append(path: pathlib.Path, record: dict) -> None:
 
 
 def read(path: str | pathlib.Path) -> list[dict]:
-    """Every record of the file, in the order written. A finished or resumed run's file is
-    whole, so a line that does not parse is damage: it raises, naming the file and line."""
+    """Every record of a JSON-lines file, in the order written. A finished or resumed run's
+    file is whole (a resume drops a line cut short by a kill), so a line that does not parse is
+    damage: it raises, naming the file and line."""
     path = pathlib.Path(path)
     records = []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
@@ -30,12 +32,12 @@ def read(path: str | pathlib.Path) -> list[dict]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
-            raise DamagedMetrics(
+            raise DamagedRecords(
                 f"{path}:{number}: not a JSON record ({error.msg}); restore the file from its "
                 "source or delete the line, then read it again"
             ) from None
         if not isinstance(record, dict):
-            raise DamagedMetrics(f"{path}:{number}: a JSON {type(record).__name__}, not a record")
+            raise DamagedRecords(f"{path}:{number}: a JSON {type(record).__name__}, not a record")
         records.append(record)
     return records
 

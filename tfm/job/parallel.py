@@ -60,11 +60,15 @@ def _integer_from_environment(name: str, least: int = 1) -> int | None:
     value = os.environ.get(name)
     if value is None:
         return None
-    if not value.strip().isdigit() or int(value) < least:
+    try:
+        number = int(value)
+    except ValueError:
+        number = None
+    if number is None or number < least:
         raise ValueError(
             f"environment variable {name}={value!r}: set it to a whole number >= {least}"
         )
-    return int(value)
+    return number
 
 
 def make_mesh(model_parallel: int = 1, devices=None) -> Mesh:
