@@ -59,3 +59,18 @@ def test_a_bad_cluster_variable_is_named_before_jax_is_touched(monkeypatch, name
     with pytest.raises(ValueError, match=rf"^environment variable {name}='{value}': "):
         parallel.initialize_distributed()
     assert jax.config.jax_cpu_collectives_implementation == before
+
+
+@pytest.mark.parametrize("cluster", [dict(SLURM_JOB_ID="7"), dict(TFM_COORDINATOR="10.0.0.1:9")])
+def test_the_heartbeat_timeout_reaches_jax_on_every_cluster(monkeypatch, cluster):
+    calls = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kwargs: calls.append(kwargs))
+    for name, value in cluster.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TFM_HEARTBEAT_TIMEOUT", "17")
+    before = jax.config.jax_cpu_collectives_implementation
+    try:
+        parallel.initialize_distributed()
+    finally:
+        jax.config.update("jax_cpu_collectives_implementation", before)
+    assert len(calls) == 1 and calls[0]["heartbeat_timeout_seconds"] == 17

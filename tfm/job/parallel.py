@@ -28,7 +28,8 @@ def initialize_distributed(
 ) -> None:
     """Start multi-host JAX. With no arguments, JAX auto-detects TPU pods and Slurm/Open MPI
     clusters; on other clusters pass all three (or set TFM_COORDINATOR / TFM_NUM_PROCESSES /
-    TFM_PROCESS_ID). A single process with nothing to detect stays single-process."""
+    TFM_PROCESS_ID). A single process with nothing to detect stays single-process. Either way
+    the others stop when a peer is silent for TFM_HEARTBEAT_TIMEOUT seconds (60 by default)."""
     coordinator_address = coordinator_address or os.environ.get("TFM_COORDINATOR")
     if num_processes is None:
         num_processes = _integer_from_environment("TFM_NUM_PROCESSES")
@@ -53,7 +54,7 @@ def initialize_distributed(
         "MEGASCALE_COORDINATOR_ADDRESS",
     )
     if any(marker in os.environ for marker in cluster_markers):
-        jax.distributed.initialize()
+        jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout)
 
 
 def _integer_from_environment(name: str, least: int = 1) -> int | None:
