@@ -292,7 +292,7 @@ def rank_agreement(
             continue
         means = [np.mean(rng.choice(ours[i], len(ours[i]))) for i in pick]
         value = spearman(means, paper[pick])
-        if value == value:
+        if not math.isnan(value):
             samples.append(value)
     low, high = np.percentile(samples, [2.5, 97.5]) if samples else (float("nan"),) * 2
     return dict(spearman=estimate, low=float(low), high=float(high), rows=len(usable))
