@@ -445,3 +445,24 @@ def test_the_slurm_command_writes_the_job_array_and_trains_nothing(tmp_path):
     assert "#SBATCH --array=0-10" in script  # base x 3 + A1, A4, A16, A32 x 2
     assert "#SBATCH --gres=gpu:8" in script and "configs/table3.py:A32 " in script
     assert not (tmp_path / "sweep" / "runs").exists()
+
+
+@pytest.mark.parametrize("big_steps, scale", [(6000, "linear"), (18000, "log")])
+def test_learning_curves_of_rows_of_different_lengths_share_a_log_step_axis(big_steps, scale):
+    from matplotlib.figure import Figure
+
+    from tfm.experiments import table3_figure
+
+    def curve(steps):
+        return [[s, 4.0 + 1000.0 / s] for s in range(250, steps + 1, 250)]
+
+    rows = [dict(row="base", curve=curve(6000)), dict(row="A1", curve=curve(6000))]
+    rows.append(dict(row="big", curve=curve(big_steps)))
+    ax = Figure().add_subplot()
+    table3_figure.learning_curves(rows, ax)
+    assert ax.get_xscale() == scale
+    drawn = {line.get_label(): line for line in ax.get_lines()}
+    assert list(drawn) == ["base", "A1", "big"]
+    assert drawn["base"].get_color() == "black"
+    assert drawn["A1"].get_color() != drawn["big"].get_color()
+    assert list(drawn["big"].get_xdata())[-1] == big_steps

@@ -7,6 +7,7 @@ import math
 import pathlib
 
 import matplotlib
+import matplotlib.ticker
 from matplotlib.figure import Figure  # not pyplot: no global backend or figure state
 
 
@@ -56,27 +57,48 @@ def figure(rows: list[dict], output: pathlib.Path, title: str) -> None:
 
 def learning_curves(rows: list[dict], ax) -> None:
     """Each row's validation perplexity against training step (mean over its seeds), log
-    scale, the base in black: how far each row had settled when it stopped (the first sixth of
-    training, where every row is still far off, runs off the top)."""
-    colors = matplotlib.colormaps["tab20"]
+    scale, the base in black, one colour per group of rows (A, B, ...) and one line style per
+    row within it: how far each row had settled when it stopped (the first sixth of training,
+    where every row is still far off, runs off the top). Steps are on a log axis when rows
+    trained for different lengths."""
+    hues = matplotlib.colormaps["tab10"]
+    groups: dict[str, int] = {}  # Table 3 group (A, B, ...) -> rows of it drawn so far
+    styles = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
     shown = []  # perplexities after the first sixth of each run: the axis is set to show them
-    for i, r in enumerate(rows):
+    for r in rows:
         if not r.get("curve"):
             continue
         steps, ppl = zip(*r["curve"], strict=True)
         shown += [p for step, p in r["curve"] if step >= steps[-1] / 6]
         base = r["row"] == "base"
+        group = r["row"] if r["row"] in ("base", "big") else r["row"][0]
+        within = groups.get(group, 0)
+        groups[group] = within + 1
         ax.plot(
             steps,
             ppl,
-            color="black" if base else colors(i % 20),
-            lw=2.2 if base else 1.0,
+            color="black" if base else hues(list(groups).index(group) % 10),
+            linestyle=styles[within % len(styles)],
+            lw=2.2 if base else 1.1,
             label=r["row"],
         )
     ax.set_yscale("log")
+    # plain numbers ("4", "6") on the log axis, not the default "4 x 10^0"
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     if shown:
         ax.set_ylim(min(shown) / 1.05, max(shown) * 1.05)
-    ax.set_xlabel("training step")
+    lengths = {r["curve"][-1][0] for r in rows if r.get("curve")}
+    if len(lengths) > 1 and max(lengths) > 1.5 * min(lengths):
+        # the big row trains 3x longer: on a linear axis the others would fill a third of it
+        ax.set_xscale("log")
+        ax.set_xlim(min(lengths) / 6, max(lengths) * 1.05)
+        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlabel("training step (log scale)")
+    else:
+        ax.set_xlabel("training step")
     ax.set_ylabel("validation perplexity (per target piece)")
     ax.set_title("learning curves (mean over seeds)")
     ax.grid(alpha=0.3, which="both")
