@@ -37,7 +37,7 @@ def figure(rows: list[dict], output: pathlib.Path, title: str) -> None:
         errors = [100 * (by_row[n][key]["std"] or 0.0) / ours_base for n in names]
         theirs = [100 * (by_row[n]["paper"][paper_key] / theirs_base - 1) for n in names]
         band = 200 * (base[key]["std"] or 0.0) / ours_base
-        band = 0.0 if math.isnan(band) else band  # a NaN metric (diverged run) draws no band
+        band = 0.0 if math.isnan(band) else band  # the scored-0 base above: no band either
         positions = range(len(names))
         ax.axhspan(-band, band, color="0.85", label="base ± 2 seed std (tfm)")
         ax.errorbar(positions, ours, yerr=errors, fmt="o", color="C0", label="tfm miniature")
@@ -62,7 +62,8 @@ def learning_curves(rows: list[dict], ax) -> None:
     where every row is still far off, runs off the top). Steps are on a log axis when rows
     trained for different lengths."""
     hues = matplotlib.colormaps["tab10"]
-    groups: dict[str, int] = {}  # Table 3 group (A, B, ...) -> rows of it drawn so far
+    hue_of: dict[str, int] = {}  # Table 3 group (A, B, ...) -> its colour, in order of first row
+    drawn: dict[str, int] = {}  # Table 3 group -> rows of it drawn so far (picks the line style)
     styles = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
     shown = []  # perplexities after the first sixth of each run: the axis is set to show them
     for r in rows:
@@ -72,12 +73,13 @@ def learning_curves(rows: list[dict], ax) -> None:
         shown += [p for step, p in r["curve"] if step >= steps[-1] / 6]
         base = r["row"] == "base"
         group = r["row"] if r["row"] in ("base", "big") else r["row"][0]
-        within = groups.get(group, 0)
-        groups[group] = within + 1
+        hue_of.setdefault(group, len(hue_of))
+        within = drawn.get(group, 0)
+        drawn[group] = within + 1
         ax.plot(
             steps,
             ppl,
-            color="black" if base else hues(list(groups).index(group) % 10),
+            color="black" if base else hues(hue_of[group] % 10),
             linestyle=styles[within % len(styles)],
             lw=2.2 if base else 1.1,
             label=r["row"],
@@ -89,7 +91,7 @@ def learning_curves(rows: list[dict], ax) -> None:
     if shown:
         ax.set_ylim(min(shown) / 1.05, max(shown) * 1.05)
     lengths = {r["curve"][-1][0] for r in rows if r.get("curve")}
-    if len(lengths) > 1 and max(lengths) > 1.5 * min(lengths):
+    if lengths and max(lengths) > 1.5 * min(lengths):
         # the big row trains 3x longer: on a linear axis the others would fill a third of it
         ax.set_xscale("log")
         ax.set_xlim(min(lengths) / 6, max(lengths) * 1.05)
