@@ -35,5 +35,22 @@ def test_the_python_examples_run(document):
 
 
 def test_every_document_the_readme_links_to_exists():
-    for target in re.findall(r"\]\(((?:docs|benchmarks)/[^)#]+)\)", README.read_text()):
+    for target in re.findall(r"\]\(((?:docs|benchmarks|experiments)/[^)#]+)\)", README.read_text()):
         assert (ROOT / target).is_file(), target
+
+
+def test_the_readme_table3_block_is_the_committed_table():
+    """The README's Table 3 figures are the committed sweep's, not copied by hand: the block
+    between the markers is `collect --readme`'s rendering of experiments/table3-mini/table3.json
+    (after a run lands: `python -m tfm.experiments collect --workdir experiments/table3-mini
+    --readme`, and paste)."""
+    import json
+
+    from tfm.experiments import table3_report
+
+    block = re.search(
+        r"<!-- table3-summary -->\n(.*?)<!-- /table3-summary -->", README.read_text(), re.S
+    )
+    assert block, "README.md has no <!-- table3-summary --> block"
+    table = json.loads((ROOT / "experiments/table3-mini/table3.json").read_text())
+    assert block.group(1) == table3_report.readme_summary(table)

@@ -132,13 +132,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     gather = commands.add_parser("collect", help="build the table from finished runs")
     gather.add_argument("--workdir", required=True)
+    gather.add_argument(
+        "--readme", action="store_true", help="print the README's compact form of the table"
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "collect":
             root = pathlib.Path(args.workdir).resolve()
             sweep = Sweep(root, _settings_from_manifest(root), _repo())
             table = collect(sweep)
-            print((sweep.root / "table3.md").read_text())
+            if args.readme:
+                print(table3_report.readme_summary(table), end="")
+            else:
+                print((sweep.root / "table3.md").read_text())
             return 0 if table["rows"] else 1
         # kept as given: a relative data dir is the checkout's, so a sweep committed on one
         # machine continues in another checkout

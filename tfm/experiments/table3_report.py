@@ -245,7 +245,16 @@ def judge_findings(rows: list[dict], metric_key: str = "dev_tokenized_bleu") -> 
             outcome = "not resolved"
         else:
             outcome = "reproduced" if diff * finding.sign > 0 else "not reproduced"
-        verdicts.append(dict(verdict, verdict=outcome, details=details, difference=diff))
+        verdicts.append(
+            dict(
+                verdict,
+                verdict=outcome,
+                details=details,
+                metric=finding.metric,
+                difference=diff,
+                two_standard_errors=2 * error,
+            )
+        )
     return verdicts
 
 
@@ -382,4 +391,64 @@ def markdown(
         "deviation pooled over every row with several seeds, times sqrt(1/n1 + 1/n2). No verdict "
         "is given when the base did not reach the regime.",
     ]
+    return "\n".join(lines) + "\n"
+
+
+def _changes(settings: dict, base: dict) -> str:
+    """A row's settings where they differ from the base's, as Table 3 prints them."""
+    return ", ".join(
+        f"{name} {settings[key]}" for name, key in COLUMNS if settings[key] != base[key]
+    )
+
+
+METRIC_NAMES = {"bleu": "tok. BLEU", "perplexity": "PPL"}
+VERDICT_ORDER = ("reproduced", "not reproduced", "not resolved", "regime not reached", "not run")
+
+
+def readme_summary(table: dict) -> str:
+    """The README's compact form of a collected table (`table3.json`): each row's change from
+    the base with its dev tokenized BLEU and perplexity beside the paper's, the findings grouped
+    by verdict, the Spearman figures and the cost (`tests/test_readme.py` holds the README to
+    it)."""
+    rows = table["rows"]
+    base = next((r["settings"] for r in rows if r["row"] == "base"), None)
+    lines = [
+        "| row | change from the base | seeds | tok. BLEU (dev) | PPL (dev) | paper BLEU "
+        "| paper PPL |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        change = "—" if base is None or r["row"] == "base" else _changes(r["settings"], base)
+        lines.append(
+            f"| {r['row']} | {change} | {len(r['seeds'])} | {_cell(r['dev_tokenized_bleu'], 2)} "
+            f"| {_cell(r['dev_perplexity'], 2)} | {r['paper']['dev_bleu']} "
+            f"| {r['paper']['dev_perplexity']} |"
+        )
+    state = table["regime"]
+    lines += ["", f"Regime {'reached' if state['reached'] else 'NOT reached'} ({state['why']})."]
+    grouped: dict[str, list[str]] = {v: [] for v in VERDICT_ORDER}
+    for f in table["findings"]:
+        measured = (
+            f" ({f['comparison']}: {METRIC_NAMES[f['metric']]} {f['difference']:+.2f}, "
+            f"2 SE {f['two_standard_errors']:.2f})"
+            if "difference" in f
+            else f" ({f['comparison']})"
+        )
+        grouped.setdefault(f["verdict"], []).append(f["claim"] + measured)
+    lines.append("")
+    lines += [f"- **{v}**: {'; '.join(claims)}." for v, claims in grouped.items() if claims]
+    agreement = [
+        f"{name} {a['spearman']:+.2f} (95% bootstrap interval {a['low']:+.2f} to {a['high']:+.2f})"
+        for name, a in table["spearman"].items()
+        if a["spearman"] is not None
+    ]
+    if agreement:
+        ranked = max(a["rows"] for a in table["spearman"].values())
+        lines += [
+            "",
+            f"Spearman rank correlation with the paper over {ranked} rows: "
+            + "; ".join(agreement)
+            + ".",
+        ]
+    lines += ["", cost_line(table["core_hours"], table["hosts"])]
     return "\n".join(lines) + "\n"
