@@ -15,7 +15,7 @@ import pytest
 from tests import bounded
 from tests.e2e_corpus import write_corpus
 from tfm.config import table3
-from tfm.experiments import slurm, table3_report
+from tfm.experiments import slurm, table3_report, table3_text
 from tfm.experiments.sweep import Run, Settings, Sweep, SweepError, cost, parse_rows, plan
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -260,7 +260,7 @@ def test_spearman_is_the_rank_formula_and_its_interval_holds_it():
     # two rows rank nothing: no figure, and the table says why
     two = table3_report.rank_agreement(rows[:2], "dev_tokenized_bleu", "dev_bleu")
     assert two == dict(spearman=None, low=None, high=None, rows=2)
-    text = table3_report.markdown([], [], "t", agreement={"tokenized BLEU": two})
+    text = table3_text.markdown([], [], "t", agreement={"tokenized BLEU": two})
     assert "tokenized BLEU: not computed (2 row(s) with results; needs 3)" in text
 
 
@@ -352,7 +352,7 @@ def test_core_hours_scale_partly_measured_runs_and_say_so():
     assert hours == dict(
         measured=1.5, estimated_all_steps=2.0, runs=3, runs_without_ledger=1, runs_partly_measured=1
     )
-    line = table3_report.cost_line(hours, ["Xeon A", "Xeon B"])
+    line = table3_text.cost_line(hours, ["Xeon A", "Xeon B"])
     assert line.endswith(" Hosts: Xeon A; Xeon B.")
     assert (
         "1.50 core-hours" in line and "~2.00" in line and "1 run(s) without a cost ledger" in line

@@ -46,11 +46,11 @@ def test_the_readme_table3_block_is_the_committed_table():
     --readme`, and paste)."""
     import json
 
-    from tfm.experiments import table3_report
+    from tfm.experiments import table3_text
 
     block = re.search(
         r"<!-- table3-summary -->\n(.*?)<!-- /table3-summary -->", README.read_text(), re.S
     )
     assert block, "README.md has no <!-- table3-summary --> block"
     table = json.loads((ROOT / "experiments/table3-mini/table3.json").read_text())
-    assert block.group(1) == table3_report.readme_summary(table)
+    assert block.group(1) == table3_text.readme_summary(table)

@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 
-from tfm.experiments import slurm, table3_figure, table3_report
+from tfm.experiments import slurm, table3_figure, table3_report, table3_text
 from tfm.experiments.sweep import (
     CONFIG_FILES,
     ROWS,
@@ -87,9 +87,9 @@ def collect(sweep: Sweep) -> dict:
     floors = [s["dev_copy_source_sacrebleu"] for v in runs.values() for s in v]
     floor = floors[0] if floors else None
     (sweep.root / "table3.md").write_text(
-        table3_report.markdown(rows, findings, title, floor, agreement)
+        table3_text.markdown(rows, findings, title, floor, agreement)
         + "\n"
-        + table3_report.cost_line(table["core_hours"], table["hosts"])
+        + table3_text.cost_line(table["core_hours"], table["hosts"])
         + "\n"
     )
     table3_figure.figure(rows, sweep.root / "table3.png", title)
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             sweep = Sweep(root, _settings_from_manifest(root), _repo())
             table = collect(sweep)
             if args.readme:
-                print(table3_report.readme_summary(table), end="")
+                print(table3_text.readme_summary(table), end="")
             else:
                 print((sweep.root / "table3.md").read_text())
             return 0 if table["rows"] else 1

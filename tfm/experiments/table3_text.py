@@ -1,0 +1,168 @@
+"""Table 3 as text: table3.md's full table (laid out like the paper's) and the README's compact
+block, both from the figures `table3_report` computes."""
+
+from __future__ import annotations
+
+from tfm.experiments.table3_report import COLUMNS, MIN_RANKED_ROWS, regime
+
+
+def cost_line(hours: dict, hosts: list[str] = ()) -> str:
+    """The sweep's cost as table3.md states it, and the CPUs the runs trained on."""
+    line = (
+        f"Cost: {hours['measured']:.2f} core-hours of CPU time measured over {hours['runs']} "
+        f"runs; ~{hours['estimated_all_steps']:.2f} core-hours with every step counted"
+    )
+    gaps = []
+    if hours["runs_partly_measured"]:
+        gaps.append(f"{hours['runs_partly_measured']} run(s) scaled up from part of their steps")
+    if hours["runs_without_ledger"]:
+        gaps.append(f"{hours['runs_without_ledger']} run(s) without a cost ledger, not counted")
+    line += f" ({'; '.join(gaps)})." if gaps else "."
+    return line + (f" Hosts: {'; '.join(hosts)}." if hosts else "")
+
+
+def _cell(spread: dict, digits: int) -> str:
+    text = f"{spread['mean']:.{digits}f}"
+    if spread["std"] is not None:
+        text += f" ± {spread['std']:.{digits}f}"
+    return text
+
+
+def markdown(
+    rows: list[dict],
+    findings: list[dict],
+    title: str,
+    copy_floor: float | None = None,
+    agreement: dict | None = None,
+) -> str:
+    """The table laid out like the paper's Table 3: settings (blank = as in base), then tfm's
+    dev PPL / BLEU / params beside the paper's."""
+    base = next((r["settings"] for r in rows if r["row"] == "base"), None)
+    head = [name for name, _ in COLUMNS]
+    figures = ["PPL (dev)", "sacreBLEU (dev)", "tok. BLEU (dev)", "params ×10⁶"]
+    paper = ["paper PPL", "paper BLEU", "paper params ×10⁶"]
+    lines = [
+        f"### {title}",
+        "",
+        "| row | seeds | " + " | ".join(head + figures + paper) + " |",
+        "|" + "---|" * (2 + len(head) + len(figures) + len(paper)),
+    ]
+    for r in rows:
+        cells = []
+        for _, key in COLUMNS:
+            value = r["settings"][key]
+            same = base is not None and r["row"] != "base" and base[key] == value
+            cells.append("" if same else str(value))
+        cells += [
+            _cell(r["dev_perplexity"], 2),
+            _cell(r["dev_sacrebleu"], 2),
+            _cell(r["dev_tokenized_bleu"], 2),
+            f"{r['params_millions']:.2f}",
+        ]
+        p = r["paper"]
+        cells += [str(p["dev_perplexity"]), str(p["dev_bleu"]), str(p["params_millions"])]
+        lines.append(f"| {r['row']} | {len(r['seeds'])} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Means over seeds, ± their standard deviation where a row ran with several seeds. PPL is "
+        "per target piece on the validation split; BLEU on the validation split, beam 4, alpha "
+        "0.6, the last checkpoint (no averaging), as the paper's Table 3; tokenized BLEU is the "
+        "paper's way (Moses tokens, compounds split) and decides the findings below."
+        + (
+            ""
+            if copy_floor is None
+            else f" Copying the source unchanged scores {copy_floor:.2f} sacreBLEU on this split."
+        ),
+    ]
+    state = regime(rows)
+    lines += [
+        "",
+        f"Regime: {'reached' if state['reached'] else 'NOT reached'} ({state['why']}).",
+    ]
+    for name, figure_agreement in (agreement or {}).items():
+        if figure_agreement["spearman"] is None:
+            lines.append(
+                f"Spearman rank correlation with the paper's rows, {name}: not computed "
+                f"({figure_agreement['rows']} row(s) with results; needs {MIN_RANKED_ROWS})."
+            )
+            continue
+        lines.append(
+            f"Spearman rank correlation with the paper's rows, {name}: "
+            f"{figure_agreement['spearman']:+.2f} (95% bootstrap interval "
+            f"{figure_agreement['low']:+.2f} to {figure_agreement['high']:+.2f}, "
+            f"{figure_agreement['rows']} rows)."
+        )
+    lines += [
+        "",
+        "| finding (section 6.2) | comparison | at this scale | difference (2 standard errors) |",
+        "|---|---|---|---|",
+    ]
+    for f in findings:
+        lines.append(f"| {f['claim']} | {f['comparison']} | {f['verdict']} | {f['details']} |")
+    lines += [
+        "",
+        "A difference counts when it exceeds twice its standard error: the seed standard "
+        "deviation pooled over every row with several seeds, times sqrt(1/n1 + 1/n2). No verdict "
+        "is given when the base did not reach the regime.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _changes(settings: dict, base: dict) -> str:
+    """A row's settings where they differ from the base's, as Table 3 prints them."""
+    return ", ".join(
+        f"{name} {settings[key]}" for name, key in COLUMNS if settings[key] != base[key]
+    )
+
+
+METRIC_NAMES = {"bleu": "tok. BLEU", "perplexity": "PPL"}
+VERDICT_ORDER = ("reproduced", "not reproduced", "not resolved", "regime not reached", "not run")
+
+
+def readme_summary(table: dict) -> str:
+    """The README's compact form of a collected table (`table3.json`): each row's change from
+    the base with its dev tokenized BLEU and perplexity beside the paper's, the findings grouped
+    by verdict, the Spearman figures and the cost (`tests/test_readme.py` holds the README to
+    it)."""
+    rows = table["rows"]
+    base = next((r["settings"] for r in rows if r["row"] == "base"), None)
+    lines = [
+        "| row | change from the base | seeds | tok. BLEU (dev) | PPL (dev) | paper BLEU "
+        "| paper PPL |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        change = "—" if base is None or r["row"] == "base" else _changes(r["settings"], base)
+        lines.append(
+            f"| {r['row']} | {change} | {len(r['seeds'])} | {_cell(r['dev_tokenized_bleu'], 2)} "
+            f"| {_cell(r['dev_perplexity'], 2)} | {r['paper']['dev_bleu']} "
+            f"| {r['paper']['dev_perplexity']} |"
+        )
+    state = table["regime"]
+    lines += ["", f"Regime {'reached' if state['reached'] else 'NOT reached'} ({state['why']})."]
+    grouped: dict[str, list[str]] = {v: [] for v in VERDICT_ORDER}
+    for f in table["findings"]:
+        measured = (
+            f" ({f['comparison']}: {METRIC_NAMES[f['metric']]} {f['difference']:+.2f}, "
+            f"2 SE {f['two_standard_errors']:.2f})"
+            if "difference" in f
+            else f" ({f['comparison']})"
+        )
+        grouped.setdefault(f["verdict"], []).append(f["claim"] + measured)
+    lines.append("")
+    lines += [f"- **{v}**: {'; '.join(claims)}." for v, claims in grouped.items() if claims]
+    agreement = [
+        f"{name} {a['spearman']:+.2f} (95% bootstrap interval {a['low']:+.2f} to {a['high']:+.2f})"
+        for name, a in table["spearman"].items()
+        if a["spearman"] is not None
+    ]
+    if agreement:
+        ranked = max(a["rows"] for a in table["spearman"].values())
+        lines += [
+            "",
+            f"Spearman rank correlation with the paper over {ranked} rows: "
+            + "; ".join(agreement)
+            + ".",
+        ]
+    lines += ["", cost_line(table["core_hours"], table["hosts"])]
+    return "\n".join(lines) + "\n"
