@@ -1,7 +1,10 @@
+import json
+
 import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from tests.built_once import built_once
 from tests.subprocess_json import ROOT, run_python
 from tfm.job import parallel
 
@@ -9,8 +12,16 @@ TOLERANCE = 1e-5  # float32: sharded reductions add in a different order
 
 
 @pytest.fixture(scope="module")
-def eight_device_results():
-    return run_python([str(ROOT / "tests" / "multidevice_steps.py")], timeout=600)
+def eight_device_results(tmp_path_factory):
+    """The 8-device steps' comparisons, computed once for the session (a ~75 s process) and read
+    by every pytest-xdist worker that runs a test of this module."""
+
+    def build(directory):
+        results = run_python([str(ROOT / "tests" / "multidevice_steps.py")], timeout=600)
+        (directory / "results.json").write_text(json.dumps(results))
+
+    directory = built_once(tmp_path_factory, "eight-device-steps", build)
+    return json.loads((directory / "results.json").read_text())
 
 
 @pytest.mark.parametrize("strategy", ["data", "fsdp", "tensor"])
