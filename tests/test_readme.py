@@ -1,10 +1,13 @@
 """Every python example in the README and in docs/ runs (those marked `<!-- example: KIND -->`
 run in the test of that feature, e.g. the export recipes in tests/test_export.py)."""
 
+import json
 import pathlib
 import re
 
 import pytest
+
+from tfm.experiments import table3_text
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -42,12 +45,8 @@ def test_every_document_the_readme_links_to_exists():
 def test_the_readme_table3_block_is_the_committed_table():
     """The README's Table 3 figures are the committed sweep's, not copied by hand: the block
     between the markers is `collect --readme`'s rendering of experiments/table3-mini/table3.json
-    (after a run lands: `python -m tfm.experiments collect --workdir experiments/table3-mini
-    --readme`, and paste)."""
-    import json
-
-    from tfm.experiments import table3_text
-
+    (after a run lands, paste in the output of `python -m tfm.experiments collect --workdir
+    experiments/table3-mini --readme`)."""
     block = re.search(
         r"<!-- table3-summary -->\n(.*?)<!-- /table3-summary -->", README.read_text(), re.S
     )
