@@ -216,6 +216,9 @@ def test_findings_count_differences_beyond_twice_their_standard_error():
     verdicts = {f["comparison"]: f for f in table3_report.judge_findings(rows)}
     assert verdicts["A1 - base"]["verdict"] == "reproduced"
     assert verdicts["A1 - base"]["details"] == "bleu -1.10 (2 SE 0.64)"
+    assert verdicts["A1 - base"]["two_standard_errors"] == pytest.approx(
+        2 * 0.35 * np.sqrt(1 / 3 + 1 / 2)
+    )
     assert verdicts["A32 - A16"]["verdict"] == "not resolved"
     assert verdicts["B16 - base"]["verdict"] == "not reproduced"
     claims = {f["claim"]: f["verdict"] for f in table3_report.judge_findings(rows)}
@@ -242,6 +245,22 @@ def test_no_verdict_when_the_base_has_not_reached_the_regime():
             f for f in table3_report.judge_findings(rows) if f["comparison"] == "A1 - base"
         ]
         assert verdict["verdict"] == ("reproduced" if reached else "regime not reached")
+        # the README's block says so too, and lists no finding as reproduced
+        settings = {key: 1 for _, key in table3_report.COLUMNS}
+        block = table3_text.readme_summary(
+            dict(
+                rows=[dict(r, seeds=[0, 1], settings=settings) for r in rows],
+                regime=table3_report.regime(rows),
+                findings=table3_report.judge_findings(rows),
+                spearman={},
+                core_hours=table3_report.core_hours([]),
+                hosts=[],
+            )
+        )
+        assert ("Regime reached (" in block) is reached
+        assert ("Regime NOT reached (" in block) is not reached
+        assert ("- **reproduced**: single-head attention" in block) is reached
+        assert ("- **regime not reached**: single-head attention" in block) is not reached
 
 
 def test_spearman_is_the_rank_formula_and_its_interval_holds_it():
