@@ -263,6 +263,53 @@ def test_no_verdict_when_the_base_has_not_reached_the_regime():
         assert ("- **regime not reached**: single-head attention" in block) is not reached
 
 
+def test_both_tables_show_only_the_settings_a_row_changes_from_the_base():
+    """As the paper's Table 3: a row's cell is blank where it keeps the base's value; the README
+    block names the changed settings only."""
+    names = [name for name, _ in table3_report.COLUMNS]
+    base_settings = {key: 10 + i for i, (_, key) in enumerate(table3_report.COLUMNS)}
+    first_key = table3_report.COLUMNS[0][1]
+    row_settings = dict(base_settings, **{first_key: 99})
+    rows = [
+        dict(
+            _row("base", [20.0, 21.0], [5.0, 5.1]),
+            seeds=[0, 1],
+            settings=base_settings,
+            params_millions=1.0,
+        ),
+        dict(
+            _row("X", [19.0, 19.5], [5.5, 5.6]),
+            seeds=[0, 1],
+            settings=row_settings,
+            params_millions=1.0,
+        ),
+    ]
+    text = table3_text.markdown(rows, [], "t")
+    header = next(line for line in text.splitlines() if line.startswith("| row |"))
+    (x_line,) = [line for line in text.splitlines() if line.startswith("| X |")]
+    (base_line,) = [line for line in text.splitlines() if line.startswith("| base |")]
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    x_cells = dict(zip(columns, [c.strip() for c in x_line.strip("|").split("|")], strict=True))
+    base_cells = dict(
+        zip(columns, [c.strip() for c in base_line.strip("|").split("|")], strict=True)
+    )
+    assert x_cells[names[0]] == "99"
+    assert all(x_cells[name] == "" for name in names[1:])
+    assert [base_cells[name] for name in names] == [str(10 + i) for i in range(len(names))]
+    block = table3_text.readme_summary(
+        dict(
+            rows=rows,
+            regime=table3_report.regime(rows),
+            findings=[],
+            spearman={},
+            core_hours=table3_report.core_hours([]),
+            hosts=[],
+        )
+    )
+    assert f"| X | {names[0]} 99 | 2 |" in block
+    assert "| base | — | 2 |" in block
+
+
 def test_spearman_is_the_rank_formula_and_its_interval_holds_it():
     ours, paper = [3.0, 1.0, 2.0, 5.0, 4.0], [30.0, 10.0, 40.0, 50.0, 20.0]
     ranks_ours, ranks_paper = [3, 1, 2, 5, 4], [3, 1, 4, 5, 2]

@@ -21,6 +21,11 @@ def cost_line(hours: dict, hosts: list[str] = ()) -> str:
     return line + (f" Hosts: {'; '.join(hosts)}." if hosts else "")
 
 
+def _changed_keys(settings: dict, base: dict) -> set[str]:
+    """The Table 3 columns where a row departs from the base (the paper leaves the rest blank)."""
+    return {key for _, key in COLUMNS if settings[key] != base[key]}
+
+
 def _cell(spread: dict, digits: int) -> str:
     text = f"{spread['mean']:.{digits}f}"
     if spread["std"] is not None:
@@ -48,11 +53,12 @@ def markdown(
         "|" + "---|" * (2 + len(head) + len(figures) + len(paper)),
     ]
     for r in rows:
-        cells = []
-        for _, key in COLUMNS:
-            value = r["settings"][key]
-            same = base is not None and r["row"] != "base" and base[key] == value
-            cells.append("" if same else str(value))
+        shown = (
+            {key for _, key in COLUMNS}
+            if base is None or r["row"] == "base"
+            else _changed_keys(r["settings"], base)
+        )
+        cells = [str(r["settings"][key]) if key in shown else "" for _, key in COLUMNS]
         cells += [
             _cell(r["dev_perplexity"], 2),
             _cell(r["dev_sacrebleu"], 2),
@@ -110,9 +116,8 @@ def markdown(
 
 def _changes(settings: dict, base: dict) -> str:
     """A row's settings where they differ from the base's, as Table 3 prints them."""
-    return ", ".join(
-        f"{name} {settings[key]}" for name, key in COLUMNS if settings[key] != base[key]
-    )
+    changed = _changed_keys(settings, base)
+    return ", ".join(f"{name} {settings[key]}" for name, key in COLUMNS if key in changed)
 
 
 METRIC_NAMES = {"bleu": "tok. BLEU", "perplexity": "PPL"}
