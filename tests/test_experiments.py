@@ -215,7 +215,8 @@ def test_findings_count_differences_beyond_twice_their_standard_error():
     assert freedom == 8 and std == pytest.approx(0.35)
     verdicts = {f["comparison"]: f for f in table3_report.judge_findings(rows)}
     assert verdicts["A1 - base"]["verdict"] == "reproduced"
-    assert verdicts["A1 - base"]["details"] == "bleu -1.10 (2 SE 0.64)"
+    assert verdicts["A1 - base"]["metric"] == "dev_tokenized_bleu"
+    assert verdicts["A1 - base"]["difference"] == pytest.approx(18.9 - 20.0)
     assert verdicts["A1 - base"]["two_standard_errors"] == pytest.approx(
         2 * 0.35 * np.sqrt(1 / 3 + 1 / 2)
     )
@@ -226,6 +227,17 @@ def test_findings_count_differences_beyond_twice_their_standard_error():
     assert claims["label smoothing helps BLEU"] == "not resolved"
     assert claims["learned positions are nearly identical to sinusoids"] == "reproduced"
     assert claims["deeper is better (N 8 against 2)"] == "not run"
+    settings = {key: 1 for _, key in table3_report.COLUMNS}
+    text = table3_text.markdown(
+        [
+            dict(r, seeds=r["dev_perplexity"]["values"], settings=settings, params_millions=1.0)
+            for r in rows
+        ],
+        table3_report.judge_findings(rows),
+        "t",
+    )
+    assert "| A1 - base | reproduced | tok. BLEU -1.10, 2 SE 0.64 |" in text
+    assert "| C_N8 - C_N2 | not run | not run (or < 2 seeds) |" in text
 
 
 def test_no_verdict_when_the_base_has_not_reached_the_regime():

@@ -216,12 +216,11 @@ def judge_findings(rows: list[dict], metric_key: str = "dev_tokenized_bleu") -> 
         std, _ = pooled_std(rows, key)
         verdict = dict(claim=finding.claim, comparison=f"{finding.row} - {finding.other}")
         if finding.row not in by_row or finding.other not in by_row or std is None:
-            verdicts.append(dict(verdict, verdict="not run", details="not run (or < 2 seeds)"))
+            verdicts.append(dict(verdict, verdict="not run"))
             continue
         ours, theirs = by_row[finding.row][key], by_row[finding.other][key]
         diff = ours["mean"] - theirs["mean"]
         error = std * math.sqrt(1 / len(ours["values"]) + 1 / len(theirs["values"]))
-        details = f"{finding.metric} {diff:+.2f} (2 SE {2 * error:.2f})"
         if not reached:
             outcome = "regime not reached"
         elif finding.kind == "similar":
@@ -234,8 +233,7 @@ def judge_findings(rows: list[dict], metric_key: str = "dev_tokenized_bleu") -> 
             dict(
                 verdict,
                 verdict=outcome,
-                details=details,
-                metric=finding.metric,
+                metric=key,
                 difference=diff,
                 two_standard_errors=2 * error,
             )

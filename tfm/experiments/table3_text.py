@@ -21,6 +21,21 @@ def cost_line(hours: dict, hosts: list[str] = ()) -> str:
     return line + (f" Hosts: {'; '.join(hosts)}." if hosts else "")
 
 
+METRIC_NAMES = {
+    "dev_tokenized_bleu": "tok. BLEU",
+    "dev_sacrebleu": "sacreBLEU",
+    "dev_perplexity": "PPL",
+}
+
+
+def _measured(finding: dict) -> str:
+    """A judged finding's difference beside its two standard errors (`judge_findings`)."""
+    return (
+        f"{METRIC_NAMES[finding['metric']]} {finding['difference']:+.2f}, "
+        f"2 SE {finding['two_standard_errors']:.2f}"
+    )
+
+
 def _changed_keys(settings: dict, base: dict) -> set[str]:
     """The Table 3 columns where a row departs from the base (the paper leaves the rest blank)."""
     return {key for _, key in COLUMNS if settings[key] != base[key]}
@@ -104,7 +119,8 @@ def markdown(
         "|---|---|---|---|",
     ]
     for f in findings:
-        lines.append(f"| {f['claim']} | {f['comparison']} | {f['verdict']} | {f['details']} |")
+        measured = _measured(f) if "difference" in f else "not run (or < 2 seeds)"
+        lines.append(f"| {f['claim']} | {f['comparison']} | {f['verdict']} | {measured} |")
     lines += [
         "",
         "A difference counts when it exceeds twice its standard error: the seed standard "
@@ -120,7 +136,6 @@ def _changes(settings: dict, base: dict) -> str:
     return ", ".join(f"{name} {settings[key]}" for name, key in COLUMNS if key in changed)
 
 
-METRIC_NAMES = {"bleu": "tok. BLEU", "perplexity": "PPL"}
 VERDICT_ORDER = ("reproduced", "not reproduced", "not resolved", "regime not reached", "not run")
 
 
@@ -148,8 +163,7 @@ def readme_summary(table: dict) -> str:
     grouped: dict[str, list[str]] = {v: [] for v in VERDICT_ORDER}
     for f in table["findings"]:
         measured = (
-            f" ({f['comparison']}: {METRIC_NAMES[f['metric']]} {f['difference']:+.2f}, "
-            f"2 SE {f['two_standard_errors']:.2f})"
+            f" ({f['comparison']}: {_measured(f)})"
             if "difference" in f
             else f" ({f['comparison']})"
         )
