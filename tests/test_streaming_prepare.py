@@ -255,3 +255,71 @@ def test_two_prepares_started_together_build_once_and_agree(spec, one_shot, tmp_
     for split in SPLITS:
         for a, b in zip(_arrays(again.ids[split]), _arrays(one_shot.ids[split]), strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def _tiny_tfds_builder(pairs: dict[str, list[tuple[str, str]]]):
+    """A TFDS translation builder that `tfds.builder("tfm_tiny_translate")` finds by name (TFDS
+    registers it when the class is made), generating `pairs` per split: no download, no TF."""
+    import tensorflow_datasets as tfds
+
+    class TfmTinyTranslate(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return tfds.core.DatasetInfo(
+                builder=self, features=tfds.features.Translation(languages=("de", "en"))
+            )
+
+        def _split_generators(self, dl_manager):
+            return {split: self._generate_examples(split) for split in pairs}
+
+        def _generate_examples(self, split):
+            for i, (english, german) in enumerate(pairs[split]):
+                yield f"{split}-{i}", {"en": english, "de": german}
+
+    return TfmTinyTranslate
+
+
+def test_the_first_use_of_a_tfds_dataset_builds_it_then_prepares_it(tmp_path, capsys):
+    """`python -m tfm.data.prepare tfds:NAME` on a dataset that is not there yet builds it as
+    array_record (TFDS's download_and_prepare), then reads and encodes it; the next call reuses
+    both."""
+    src, tgt = write_corpus(tmp_path / "corpus", pairs=900, seed=11)
+    lines = list(
+        dict.fromkeys(
+            zip(
+                pathlib.Path(src).read_text().splitlines(),
+                pathlib.Path(tgt).read_text().splitlines(),
+                strict=True,
+            )
+        )
+    )
+    pairs = dict(train=lines[:-100], validation=lines[-100:-50], test=lines[-50:])
+    _tiny_tfds_builder(pairs)
+    data_dir = tmp_path / "data"
+    argv = ["tfds:tfm_tiny_translate", "--data_dir", str(data_dir), "--vocab_size", "400"]
+    argv += ["--source_language", "en", "--target_language", "de", "--workers", "1"]
+    prepare.main(argv)
+    first = capsys.readouterr()
+    assert "first use of tfds:tfm_tiny_translate: building it under" in first.err
+    assert list((data_dir / "tfm_tiny_translate" / "1.0.0").glob("*.array_record*"))
+    summary = json.loads(first.out)
+    assert summary["pairs"] == {split: len(p) for split, p in pairs.items()}
+    assert summary["direction"] == "en->de"
+    assert set(summary["caches"].values()) == {"built"}
+
+    prepare.main(argv)
+    again = capsys.readouterr()
+    assert "first use" not in again.err
+    assert set(json.loads(again.out)["caches"].values()) == {"reused"}
+    spec = sources.parse_spec("tfds:tfm_tiny_translate", "en", "de")
+    data = prepare.prepare(spec, data_dir, 400, workers=1)
+    assert sorted(data.texts("validation")) == sorted(pairs["validation"])
+    # a name without a language pair, and no languages given: one line naming what it has
+    with pytest.raises(SystemExit) as error:
+        prepare.main(argv[:5])
+    assert str(error.value) == (
+        "error: tfds:tfm_tiny_translate: its records have the languages de, en, not 'src' or "
+        "'tgt'; name two of them with --source_language and --target_language "
+        "(tfds:NAME/xx-yy names them itself)"
+    )

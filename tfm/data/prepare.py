@@ -290,7 +290,8 @@ def _prepare_or_build(spec: sources.SourceSpec, args) -> PreparedData:
     from tfm.data import tfds_sources
 
     print(f"first use of {spec.name}: building it under {args.data_dir}", file=sys.stderr)
-    tfds_sources.prepare_dataset(spec.argument, args.data_dir)
+    with contextlib.redirect_stdout(sys.stderr):  # TFDS prints its progress; stdout is the JSON
+        tfds_sources.prepare_dataset(spec.argument, args.data_dir)
     return prepare_now()
 
 

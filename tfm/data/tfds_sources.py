@@ -90,10 +90,19 @@ def gettext_builder(
     )
 
 
-def read_records(records, source_language: str, target_language: str) -> list[tuple[str, str]]:
+def read_records(
+    records, source_language: str, target_language: str, dataset: str = "the dataset"
+) -> list[tuple[str, str]]:
     """(source, target) strings from `{lang: text}` records (a TFDS data source or a part)."""
     pairs = []
     for record in records:
+        missing = [lang for lang in (source_language, target_language) if lang not in record]
+        if missing:
+            raise CorpusError(
+                f"{dataset}: its records have the languages {', '.join(sorted(record))}, not "
+                f"{' or '.join(map(repr, missing))}; name two of them with --source_language "
+                "and --target_language (tfds:NAME/xx-yy names them itself)"
+            )
         source, target = record[source_language], record[target_language]
         pairs.append(
             (
@@ -173,7 +182,7 @@ def dataset_chunks(
             ) from error
         for start in range(0, len(source), records):
             part = (source[i] for i in range(start, min(start + records, len(source))))
-            pairs = read_records(part, source_language, target_language)
+            pairs = read_records(part, source_language, target_language, f"tfds:{name}")
             yield RawChunk("pairs", (name,), start, (split, pairs))
 
 
