@@ -465,3 +465,7 @@ def test_params_prints_the_table3_parameter_counts():
         by_hand = _closed_form_count(37000, layers, d_model, d_ff, heads, d_k, 64)
         assert float(rows[row][0]) == round(by_hand / 1e6, 2)
         assert float(rows[row][1]) == paper
+    bad = _run(["-m", "tfm.params", "--vocab_size", "0"])
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith(
+        "--vocab_size must be a positive integer, got 0"
+    )

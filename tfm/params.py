@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--vocab_size", type=int, default=PAPER_VOCAB_SIZE)
     args = parser.parse_args(argv)
+    if args.vocab_size < 1:
+        parser.error(f"--vocab_size must be a positive integer, got {args.vocab_size}")
     print(f"Table 3 parameter counts, shared vocabulary of {args.vocab_size} tokens")
     print(f"{'row':<10} {'tfm (M)':>9} {'paper (M)':>10} {'diff':>8}")
     for row in parameter_table(args.vocab_size):
