@@ -299,6 +299,9 @@ def test_the_first_use_of_a_tfds_dataset_builds_it_then_prepares_it(tmp_path, ca
     data_dir = tmp_path / "data"
     argv = ["tfds:tfm_tiny_translate", "--data_dir", str(data_dir), "--vocab_size", "400"]
     argv += ["--source_language", "en", "--target_language", "de", "--workers", "1"]
+    with pytest.raises(SystemExit, match="^error: prepare: vocab_size must be a positive integer"):
+        prepare.main([*argv, "--vocab_size", "0"])  # refused before anything is built
+    assert not (data_dir / "tfm_tiny_translate").exists()
     prepare.main(argv)
     first = capsys.readouterr()
     assert "first use of tfds:tfm_tiny_translate: building it under" in first.err

@@ -106,6 +106,9 @@ def prepare(
     joined into each split's memory-mapped id cache (`tfm.data.id_cache`)."""
     if isinstance(spec, str):
         spec = sources.parse_spec(spec)
+    for name, value in (("vocab_size", vocab_size), ("workers", workers or 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"prepare: {name} must be a positive integer, got {value!r}")
     data_dir = pathlib.Path(data_dir)
     workers = workers or streaming.available_cores()
 
