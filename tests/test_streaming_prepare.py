@@ -326,3 +326,30 @@ def test_the_first_use_of_a_tfds_dataset_builds_it_then_prepares_it(tmp_path, ca
         "'tgt'; name two of them with --source_language and --target_language "
         "(tfds:NAME/xx-yy names them itself)"
     )
+
+
+def test_a_tfds_build_that_cannot_reach_its_sources_says_so_in_one_line(tmp_path):
+    import tensorflow_datasets as tfds
+
+    class TfmUnreachableTranslate(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return tfds.core.DatasetInfo(
+                builder=self, features=tfds.features.Translation(languages=("de", "en"))
+            )
+
+        def _split_generators(self, dl_manager):
+            raise ConnectionError("Failed to resolve 'www.statmt.org'")  # what no network gives
+
+        def _generate_examples(self):
+            yield from ()
+
+    argv = ["tfds:tfm_unreachable_translate", "--data_dir", str(tmp_path), "--workers", "1"]
+    with pytest.raises(SystemExit) as error:
+        prepare.main([*argv, "--source_language", "en", "--target_language", "de"])
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(
+        f"error: tfds:tfm_unreachable_translate: building it under {tmp_path} failed "
+        "(ConnectionError: Failed to resolve 'www.statmt.org'); TFDS downloads its sources"
+    )

@@ -193,6 +193,12 @@ def prepare_dataset(name: str, data_dir: str | pathlib.Path) -> None:
     try:
         builder.download_and_prepare()
     except ImportError as error:
-        raise SystemExit(
-            f"preparing {name} needs TensorFlow: pip install -e '.[wmt]' ({error})"
+        raise CorpusError(
+            f"preparing tfds:{name} needs TensorFlow: pip install -e '.[wmt]' ({error})"
+        ) from error
+    except OSError as error:  # requests' network errors are OSErrors too
+        raise CorpusError(
+            f"tfds:{name}: building it under {data_dir} failed ({type(error).__name__}: "
+            f"{str(error)[:300]}); TFDS downloads its sources: build it where they can be "
+            "reached (or fix the cause) and run again (TFDS reuses the downloads it finished)"
         ) from error
