@@ -193,3 +193,7 @@ def test_wmt_through_tfds_mock_data():
 def test_unprepared_tfds_dataset_says_how_to_prepare(tmp_path):
     with pytest.raises(CorpusError, match="python -m tfm.data.prepare"):
         sources.load_corpus(sources.parse_spec("tfds:wmt14_translate/de-en"), tmp_path)
+    # a name TFDS does not know: still one line (TFDS's own message lists every dataset)
+    with pytest.raises(CorpusError) as error:
+        sources.load_corpus(sources.parse_spec("tfds:no_such_dataset_xyz/de-en"), tmp_path)
+    assert "\n" not in str(error.value) and "no_such_dataset_xyz" in str(error.value)

@@ -177,13 +177,19 @@ def dataset_chunks(
             raise CorpusError(
                 f"TFDS dataset {name!r} (split {split!r}) is not prepared in array_record format "
                 f"under {data_dir or '~/tensorflow_datasets'} ({type(error).__name__}: "
-                f"{str(error)[:200]}). Prepare it once with: pip install -e '.[wmt]' && "
+                f"{_first_line(error)}). Prepare it once with: pip install -e '.[wmt]' && "
                 f"python -m tfm.data.prepare tfds:{name} --data_dir DIR"
             ) from error
         for start in range(0, len(source), records):
             part = (source[i] for i in range(start, min(start + records, len(source))))
             pairs = read_records(part, source_language, target_language, f"tfds:{name}")
             yield RawChunk("pairs", (name,), start, (split, pairs))
+
+
+def _first_line(error: Exception, limit: int = 200) -> str:
+    """An error's message cut to one line: TFDS's can list every dataset it knows."""
+    lines = str(error).strip().splitlines()
+    return lines[0][:limit] if lines else ""
 
 
 def prepare_dataset(name: str, data_dir: str | pathlib.Path) -> None:
@@ -199,6 +205,6 @@ def prepare_dataset(name: str, data_dir: str | pathlib.Path) -> None:
     except OSError as error:  # requests' network errors are OSErrors too
         raise CorpusError(
             f"tfds:{name}: building it under {data_dir} failed ({type(error).__name__}: "
-            f"{str(error)[:300]}); TFDS downloads its sources: build it where they can be "
+            f"{_first_line(error)}); TFDS downloads its sources: build it where they can be "
             "reached (or fix the cause) and run again (TFDS reuses the downloads it finished)"
         ) from error
