@@ -108,9 +108,30 @@ def main(argv):
     return 0
 
 
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's parse, each failure said in one line: a config file's own error arrives with its
+    traceback (its last line says it), and a file that fails to load is only reported when
+    the config is first read."""
+    try:
+        argv = FLAGS(argv)
+    except flags.Error as error:
+        raise SystemExit(f"error: {_last_line(error)}") from None
+    except SyntaxError as error:
+        raise SystemExit(f"error: {error.filename}:{error.lineno}: {error.msg}") from None
+    try:
+        FLAGS.config.get("model")
+    except OSError as error:
+        raise SystemExit(f"error: --config: {_last_line(error)}") from None
+    return argv
+
+
+def _last_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[-1].strip()
+
+
 if __name__ == "__main__":
     try:
-        app.run(main)
+        app.run(main, flags_parser=_parse_flags)
     except (AttributeError, KeyError) as error:
         if FLAGS.is_parsed():
             raise  # not from the flags: a bug, shown in full

@@ -303,6 +303,23 @@ def test_a_wrong_config_value_is_one_line_naming_the_key(tiny_run, tmp_path):
     assert not (tmp_path / "new").exists()
 
 
+def test_a_config_file_that_does_not_load_is_one_line_naming_it(tmp_path):
+    """A missing file, one with a syntax error, an unknown row: each one line, nothing made."""
+    broken = tmp_path / "broken.py"
+    broken.write_text("def get_config(:\n")
+    expected = {
+        "configs/no_such_file.py": "error: --config: [Errno 2] No such file or directory: "
+        "'configs/no_such_file.py'",
+        str(broken): f"error: {broken}:1: invalid syntax",
+        "configs/table3_mini.py:Z9": "error: ValueError: configs/table3_mini.py:Z9: unknown row",
+    }
+    for config, message in expected.items():
+        out = _run([str(ROOT / "train.py"), f"--config={config}", f"--workdir={tmp_path / 'w'}"])
+        assert out.returncode != 0 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert out.stderr.startswith(message), out.stderr
+    assert not (tmp_path / "w").exists()
+
+
 def test_nodistributed_leaves_a_configured_cluster_alone(tiny_run):
     """TFM_COORDINATOR names a cluster that does not exist: train.py would wait for it; with
     --nodistributed it runs alone (here: finds the run complete)."""
