@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             data = pathlib.Path(args.input).read_bytes()
             lines, replaced = read_lines(data, args.input, args.encoding_errors)
+        references = _references(args, len(lines))
         # opened before any work, so an unwritable path fails now, not after translating
         output = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
     except (OSError, ValueError) as error:
@@ -174,10 +175,24 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.input}: {replaced} lines had invalid UTF-8 replaced by U+FFFD", file=sys.stderr
         )
     with output if output is not sys.stdout else contextlib.nullcontext():
-        return _translate(args, lines, output)
+        return _translate(args, lines, references, output)
 
 
-def _translate(args, lines: list[str], output) -> int:
+def _references(args, sentences: int) -> list[str] | None:
+    """--reference's lines, read and counted before any work: a file that cannot be scored
+    fails now, not after translating."""
+    if not args.reference or args.plot_attention:
+        return None
+    references, _ = read_lines(pathlib.Path(args.reference).read_bytes(), args.reference, "strict")
+    if len(references) != sentences:
+        raise ValueError(
+            f"{args.reference}: {len(references)} references but {sentences} input lines; "
+            "they must be line-aligned"
+        )
+    return references
+
+
+def _translate(args, lines: list[str], references: list[str] | None, output) -> int:
     from tfm import compilation_cache, viz
     from tfm.inference import attention_maps, translate
     from tfm.job import workdir
@@ -232,14 +247,8 @@ def _translate(args, lines: list[str], output) -> int:
     except translate.OverlongInputError as error:
         print(f"error: {args.input}: {error}", file=sys.stderr)
         return 2
-    if args.reference:
-        try:
-            data = pathlib.Path(args.reference).read_bytes()
-            references, _ = read_lines(data, args.reference, "strict")
-            scores = translate.score(translations, references, loaded.card.target_language)
-        except (OSError, ValueError) as error:
-            print(f"error: {args.reference}: {error}", file=sys.stderr)
-            return 2
+    if references is not None:
+        scores = translate.score(translations, references, loaded.card.target_language)
         print(
             json.dumps(
                 dict(

@@ -139,6 +139,21 @@ def test_decode_reads_stdin_writes_stdout_and_translates_the_step_asked(tiny_run
     assert second.stdout == first.stdout
 
 
+def test_decode_checks_the_references_before_translating(tiny_run, tmp_path):
+    (tmp_path / "in.txt").write_text("one\ntwo\nthree\n")
+    (tmp_path / "ref.txt").write_text("eins\nzwei\n")
+    out = tmp_path / "out.txt"
+    refused = _decode(
+        tiny_run.workdir, f"--input={tmp_path / 'in.txt'}", f"--output={out}",
+        f"--reference={tmp_path / 'ref.txt'}",
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == (
+        f"error: {tmp_path / 'ref.txt'}: 2 references but 3 input lines; they must be line-aligned"
+    )
+    assert not out.exists()  # refused before the output was opened or a checkpoint loaded
+
+
 def test_decode_averages_the_last_checkpoints_and_says_which(tiny_run, tmp_path):
     (tmp_path / "in.txt").write_text("\n".join(tiny_run.sources) + "\n")
     (tmp_path / "ref.txt").write_text("\n".join(tiny_run.sources) + "\n")  # copying scores 100
