@@ -152,6 +152,12 @@ def test_decode_checks_the_references_before_translating(tiny_run, tmp_path):
         f"error: {tmp_path / 'ref.txt'}: 2 references but 3 input lines; they must be line-aligned"
     )
     assert not out.exists()  # refused before the output was opened or a checkpoint loaded
+    # a step that was never saved: the steps there are
+    missing = _decode(tiny_run.workdir, "--step=99", input="a\n")
+    assert missing.returncode == 2 and missing.stderr.strip().endswith(
+        f"{tiny_run.workdir / 'checkpoints'} has no checkpoint 99; its steps are "
+        + ", ".join(map(str, range(1, STEPS + 1)))
+    )
 
 
 def test_decode_averages_the_last_checkpoints_and_says_which(tiny_run, tmp_path):

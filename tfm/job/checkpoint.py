@@ -183,6 +183,11 @@ class Checkpointer:
         candidates = [step] if step is not None else self.steps()[::-1]
         if not candidates:
             raise CheckpointError(f"{self.directory}: no checkpoints to restore")
+        if step is not None and step not in self.steps():
+            raise CheckpointError(
+                f"{self.directory} has no checkpoint {step}; its steps are "
+                f"{', '.join(map(str, self.steps())) or 'none'}"
+            )
         errors = []
         for candidate in candidates:
             try:
