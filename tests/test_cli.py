@@ -197,6 +197,25 @@ def test_decode_averages_the_last_checkpoints_and_says_which(tiny_run, tmp_path)
     for got, want in zip(jax.tree.leaves(stored), jax.tree.leaves(mean), strict=True):
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-7)
 
+    # refused in one line, before any checkpoint is read: the output exists, N is 0, no workdir
+    average = ["-m", "tfm.job.checkpoint", "average", str(tiny_run.workdir)]
+    refusals = {
+        (*average, f"--output={tmp_path / 'averaged'}"): (
+            f"error: --output {tmp_path / 'averaged'} already exists; name a new directory"
+        ),
+        (*average, "--last=0", f"--output={tmp_path / 'zero'}"): (
+            "error: average the last N checkpoints: N must be at least 1, got 0"
+        ),
+        ("-m", "tfm.job.checkpoint", "info", str(tmp_path / "nowhere")): (
+            f"error: {tmp_path / 'nowhere' / 'checkpoints'}: no checkpoints here"
+        ),
+    }
+    for command, message in refusals.items():
+        refused = _run(list(command))
+        assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
+        assert refused.stderr.startswith(message), refused.stderr
+    assert not (tmp_path / "zero").exists()
+
 
 def test_decode_input_errors_replace_and_overlong_lines(tiny_run, tmp_path):
     good = tiny_run.sources[0].encode()

@@ -296,6 +296,8 @@ def average_params(params_list: list) -> Any:
 
 def average_last(workdir: str | pathlib.Path, last: int) -> tuple[Any, list[int]]:
     """Mean parameters of the last `last` readable checkpoints (section 6.1) and their steps."""
+    if isinstance(last, bool) or not isinstance(last, int) or last < 1:
+        raise ValueError(f"average the last N checkpoints: N must be at least 1, got {last!r}")
     checkpointer = Checkpointer(workdir, read_only=True)
     steps = checkpointer.steps()
     if not steps:
@@ -335,6 +337,13 @@ def main(argv: list[str] | None = None) -> None:
     average.add_argument("--last", type=int, default=5)
     average.add_argument("--output", required=True, help="directory for the averaged params")
     args = parser.parse_args(argv)
+    try:
+        _run_command(args)
+    except (CheckpointError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+def _run_command(args: argparse.Namespace) -> None:
     if args.command in ("info", "verify"):
         checkpointer = Checkpointer(args.workdir, read_only=True)
         print(f"{'step':>8}  sha256(params) of a verified checkpoint, or what is wrong")
@@ -350,9 +359,11 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{len(checkpointer.steps()) - damaged} verified, {damaged} damaged")
             raise SystemExit(1 if damaged else 0)
     else:
+        output = pathlib.Path(args.output).absolute()
+        if output.exists():  # checked before the checkpoints are read
+            raise ValueError(f"--output {output} already exists; name a new directory")
         params, steps = average_last(args.workdir, args.last)
         checkpointer = ocp.StandardCheckpointer()
-        output = pathlib.Path(args.output).absolute()
         checkpointer.save(output, params)
         checkpointer.wait_until_finished()
         print(f"averaged steps {steps} -> {output} (sha256 {params_digest(params)})")
