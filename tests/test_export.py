@@ -303,3 +303,13 @@ def test_an_existing_output_directory_is_refused(tmp_path, capsys):
     (tmp_path / "out").mkdir()
     assert export_main(["ct2", str(tmp_path / "run"), str(tmp_path / "out")]) == 2
     assert "exists; remove it" in capsys.readouterr().err
+
+
+def test_numbers_that_name_no_checkpoint_are_refused_before_loading(tmp_path, capsys):
+    """--average 0 used to mean 'what training scored' (0 is falsy); now every count is checked
+    before the workdir is read (there is none here: a load would fail differently)."""
+    for flag, value, least in (("--average", 0, 1), ("--step", -1, 0), ("--max_positions", 0, 1)):
+        out = tmp_path / f"out{flag}"
+        assert export_main(["hf", str(tmp_path / "run"), str(out), flag, str(value)]) == 2
+        assert capsys.readouterr().err == f"error: {flag} must be at least {least}, got {value}\n"
+        assert not out.exists()

@@ -51,7 +51,16 @@ def main(argv: list[str] | None = None) -> int:
             raise ExportError(f"{args.out} exists; remove it or choose another output directory")
         if args.target == "hf" and args.quantization != "float32":
             raise ExportError("--quantization applies to ct2 only; hf exports float32")
-        average = args.average or (None if args.step is not None else scored_average(args.workdir))
+        for flag, value, least in (
+            ("--step", args.step, 0),
+            ("--average", args.average, 1),
+            ("--max_positions", args.max_positions, 1),
+        ):
+            if value is not None and value < least:
+                raise ExportError(f"{flag} must be at least {least}, got {value}")
+        average = args.average
+        if average is None and args.step is None:
+            average = scored_average(args.workdir)
         loaded = load(args.workdir, step=args.step, average=average)
         config = loaded.model.config
         positions = config.max_positions if config.positional == "learned" else args.max_positions
