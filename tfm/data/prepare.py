@@ -115,25 +115,25 @@ def prepare(
     def chunks():
         return sources.corpus_chunks(spec, data_dir, chunk_records, **reader_options)
 
-    with streaming.ChunkMap(workers) as chunk_map:
+    with _one_builder(data_dir, spec), streaming.ChunkMap(workers) as chunk_map:
         scan = _scan(chunk_map, chunks())
         _check_splits(spec, scan.sizes)
-        with _one_builder(data_dir, spec):
-            return _build(spec, data_dir, vocab_size, chunk_records, chunk_map, chunks, scan)
+        return _build(spec, data_dir, vocab_size, chunk_records, chunk_map, chunks, scan)
 
 
 @contextlib.contextmanager
 def _one_builder(data_dir: pathlib.Path, spec: sources.SourceSpec):
-    """Hold `DATA_DIR/.prepare-SLUG.lock` (flock) while the vocabulary and id caches are
-    checked and built: runs started together on one data dir (a local sweep, the processes of
-    a multi-host job) build them once, the others wait and then reuse them. The OS releases
+    """Hold `DATA_DIR/.prepare-SLUG.lock` (flock) while the corpus is read (a `gettext:` source
+    builds its TFDS dataset there on first use, or rebuilds it) and the vocabulary and id caches
+    are checked and built: runs started together on one data dir (a local sweep, the processes
+    of a multi-host job) build each once, the others wait and then reuse them. The OS releases
     the lock when its holder dies."""
     data_dir.mkdir(parents=True, exist_ok=True)
     lock_file = data_dir / f".prepare-{spec.slug}.lock"
 
     def wait(holder: str) -> None:
         print(
-            f"prepare: waiting for process {holder}, which is preparing {spec.name} in "
+            f"prepare: waiting for {holder}, which is preparing {spec.name} in "
             f"{data_dir} (it holds {lock_file})",
             file=sys.stderr,
         )
@@ -293,7 +293,10 @@ def _prepare_or_build(spec: sources.SourceSpec, args) -> PreparedData:
     from tfm.data import tfds_sources
 
     print(f"first use of {spec.name}: building it under {args.data_dir}", file=sys.stderr)
-    with contextlib.redirect_stdout(sys.stderr):  # TFDS prints its progress; stdout is the JSON
+    with (
+        _one_builder(pathlib.Path(args.data_dir), spec),
+        contextlib.redirect_stdout(sys.stderr),  # TFDS prints its progress; stdout is the JSON
+    ):
         tfds_sources.prepare_dataset(spec.argument, args.data_dir)
     return prepare_now()
 
