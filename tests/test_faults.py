@@ -2,6 +2,7 @@
 key, and nothing is lost, reused stale or silently changed (README, "Reliability")."""
 
 import dataclasses
+import fcntl
 import json
 import os
 import pathlib
@@ -25,7 +26,7 @@ from tfm.config import ModelConfig
 from tfm.data import corpus as corpora
 from tfm.data import gettext_catalogs, prepare, sources
 from tfm.job import checkpoint as ckpt
-from tfm.job import metrics_file
+from tfm.job import file_lock, metrics_file
 from tfm.job.train_log import TrainLog
 from tfm.job.workdir import ModelCard, Workdir, WorkdirError, check_resume, exclusive, start_over
 
@@ -154,6 +155,25 @@ def test_a_second_writer_fails_naming_the_holder_and_a_killed_one_frees_the_lock
         holder.wait(timeout=60)
     with exclusive(workdir):  # the OS released it
         pass
+
+
+def test_a_taken_lock_names_its_holder_or_says_it_wrote_none(tmp_path):
+    """Two runs started together: the second can find the lock taken before the first wrote its
+    process id; it then says "another process", not "process another process"."""
+    lock = tmp_path / "lock"
+    seen = []
+
+    def give_up(holder: str) -> None:
+        seen.append(holder)
+        raise WorkdirError(holder)
+
+    with open(lock, "w") as taken:
+        fcntl.flock(taken, fcntl.LOCK_EX)
+        for written in ("", "4242\n"):
+            lock.write_text(written)
+            with pytest.raises(WorkdirError), file_lock.held(lock, give_up):
+                pass
+    assert seen == ["another process", "process 4242"]
 
 
 def test_records_after_the_resumed_checkpoint_are_dropped(tmp_path):

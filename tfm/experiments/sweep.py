@@ -172,8 +172,8 @@ class Sweep:
 
         def refuse(holder: str) -> None:
             raise SweepError(
-                f"{self.root} is being trained by process {holder} (it holds {lock}); wait for "
-                f"it, or stop it (kill -TERM {holder}) and run this again"
+                f"{self.root} is being trained by {holder} (it holds {lock}); wait for it, or "
+                "stop it with kill -TERM (its runs save a checkpoint) and run this again"
             )
 
         with file_lock.held(lock, refuse):

@@ -19,8 +19,9 @@ def held(
     when_unsupported: Callable[[OSError], None] | None = None,
 ) -> Iterator[None]:
     """Hold the lock on `path` for the block. If another process holds it, `when_taken(holder)`
-    is called first (holder: its process id as written, or "another process"): it raises to give
-    up, or returns to wait until the lock is free. On a file system without locks the error is
+    is called first (holder: "process PID" as the holder wrote it, or "another process" when it
+    wrote none, e.g. between taking the lock and writing): it raises to give up, or returns to
+    wait until the lock is free. On a file system without locks the error is
     raised, or, given `when_unsupported`, passed to it and the block runs unlocked."""
     with open(path, "a+") as handle:
         try:
@@ -36,7 +37,8 @@ def held(
             return
         if taken:  # outside the except clause: what when_taken raises stands alone
             handle.seek(0)
-            when_taken(handle.read().strip() or "another process")
+            pid = handle.read().strip()
+            when_taken(f"process {pid}" if pid else "another process")
             fcntl.flock(handle, fcntl.LOCK_EX)
         handle.seek(0)
         handle.truncate()

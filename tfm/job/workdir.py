@@ -123,7 +123,7 @@ def exclusive(workdir: Workdir):
 
     def refuse(holder: str) -> None:
         raise WorkdirError(
-            f"{workdir.root} is in use by process {holder} (it holds {workdir.lock_file}); "
+            f"{workdir.root} is in use by {holder} (it holds {workdir.lock_file}); "
             "wait for it to finish, stop it, or train in another --workdir"
         )
 
