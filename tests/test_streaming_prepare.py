@@ -3,6 +3,7 @@ gives; an interrupted prepare resumes without redoing finished chunks and never 
 half-built cache; the flat-array epoch plans equal the list-of-lists planner they replaced."""
 
 import fcntl
+import functools
 import json
 import mmap
 import pathlib
@@ -282,12 +283,13 @@ def test_two_prepares_started_together_build_once_and_agree(spec, one_shot, tmp_
             np.testing.assert_array_equal(a, b)
 
 
-def _tiny_tfds_builder(pairs: dict[str, list[tuple[str, str]]]):
-    """A TFDS translation builder that `tfds.builder("tfm_tiny_translate")` finds by name (TFDS
-    registers it when the class is made), generating `pairs` per split: no download, no TF."""
+@functools.cache
+def _translation_builder():
+    """The base of the test-only TFDS builders: German-English pairs, version 1.0.0. It stays
+    out of TFDS's registry (skip_registration); each subclass registers under its own name."""
     import tensorflow_datasets as tfds
 
-    class TfmTinyTranslate(tfds.core.GeneratorBasedBuilder):
+    class TranslationBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         VERSION = tfds.core.Version("1.0.0")
 
         def _info(self):
@@ -295,6 +297,14 @@ def _tiny_tfds_builder(pairs: dict[str, list[tuple[str, str]]]):
                 builder=self, features=tfds.features.Translation(languages=("de", "en"))
             )
 
+    return TranslationBuilder
+
+
+def _tiny_tfds_builder(pairs: dict[str, list[tuple[str, str]]]):
+    """A TFDS translation builder that `tfds.builder("tfm_tiny_translate")` finds by name (TFDS
+    registers it when the class is made), generating `pairs` per split: no download, no TF."""
+
+    class TfmTinyTranslate(_translation_builder()):
         def _split_generators(self, dl_manager):
             return {split: self._generate_examples(split) for split in pairs}
 
@@ -354,16 +364,7 @@ def test_the_first_use_of_a_tfds_dataset_builds_it_then_prepares_it(tmp_path, ca
 
 
 def test_a_tfds_build_that_cannot_reach_its_sources_says_so_in_one_line(tmp_path):
-    import tensorflow_datasets as tfds
-
-    class TfmUnreachableTranslate(tfds.core.GeneratorBasedBuilder):
-        VERSION = tfds.core.Version("1.0.0")
-
-        def _info(self):
-            return tfds.core.DatasetInfo(
-                builder=self, features=tfds.features.Translation(languages=("de", "en"))
-            )
-
+    class TfmUnreachableTranslate(_translation_builder()):
         def _split_generators(self, dl_manager):
             raise ConnectionError("Failed to resolve 'www.statmt.org'")  # what no network gives
 
