@@ -180,13 +180,14 @@ class Checkpointer:
     def _first_readable(self, step: int | None, read: Callable[[int], Any]) -> tuple[Any, int]:
         """`read(step)`, or without a step `read` of the newest checkpoint that can be read and
         verified; newer damaged ones are moved aside (unless read-only) with a warning."""
-        candidates = [step] if step is not None else self.steps()[::-1]
+        saved = self.steps()
+        candidates = [step] if step is not None else saved[::-1]
         if not candidates:
             raise CheckpointError(f"{self.directory}: no checkpoints to restore")
-        if step is not None and step not in self.steps():
+        if step is not None and step not in saved:
             raise CheckpointError(
                 f"{self.directory} has no checkpoint {step}; its steps are "
-                f"{', '.join(map(str, self.steps())) or 'none'}"
+                f"{', '.join(map(str, saved)) or 'none'}"
             )
         errors = []
         for candidate in candidates:
