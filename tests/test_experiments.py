@@ -510,6 +510,23 @@ def test_a_two_row_sweep_writes_the_table_and_a_second_run_trains_nothing(tmp_pa
     assert json.loads((sweep / "table3.json").read_text())["rows"] == table["rows"]
     assert (sweep / "table3.png").stat().st_size > 10_000
 
+    # a run trained on other data (a sweep continued where the corpus differs) is refused
+    other = sweep / "runs" / "E" / "seed0" / "results.json"
+    results = json.loads(other.read_text())
+    results["data"]["dataset_fingerprint"] = "0" * 64
+    other.write_text(json.dumps(results))
+    mixed = subprocess.run(
+        [sys.executable, "-m", "tfm.experiments", "collect", "--workdir", str(sweep)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert mixed.returncode == 2
+    first = sweep / "runs" / "E" / "seed0" / "results.json"  # sorted first: upper case
+    second = sweep / "runs" / "base" / "seed0" / "results.json"
+    assert mixed.stderr.startswith(
+        f"error: data.dataset_fingerprint differs between {first} ('{'0' * 64}') and {second} ("
+    )
+    assert mixed.stderr.count("\n") == 1 and "runs of one table must see the same" in mixed.stderr
+
 
 def test_the_slurm_command_writes_the_job_array_and_trains_nothing(tmp_path):
     args = [

@@ -48,6 +48,7 @@ def _repo() -> pathlib.Path:
 def collect(sweep: Sweep) -> dict:
     """Read every finished run of the sweep and write table3.json / .md / .png."""
     runs: dict[str, list[dict]] = {row: [] for row in ROWS}
+    trained_on: dict[str, tuple[pathlib.Path, str]] = {}
     for workdir in sorted((sweep.root / "runs").glob("*/seed*")):
         row, seed = workdir.parent.name, int(workdir.name.removeprefix("seed"))
         if row not in runs:
@@ -56,6 +57,7 @@ def collect(sweep: Sweep) -> dict:
         if result is None:
             print(f"{workdir}: not finished, left out of the table", file=sys.stderr)
             continue
+        _check_same_data(trained_on, workdir, result["data"])
         summary = table3_report.run_summary(result, perplexity_curve(workdir), cost(workdir))
         runs[row].append(summary)
     rows = table3_report.aggregate(runs)
@@ -94,6 +96,26 @@ def collect(sweep: Sweep) -> dict:
     )
     table3_figure.figure(rows, sweep.root / "table3.png", title)
     return table
+
+
+def _check_same_data(
+    trained_on: dict[str, tuple[pathlib.Path, str]], workdir: pathlib.Path, data: dict
+) -> None:
+    """Refuse a table whose runs saw different data: a sweep continued on another machine (or
+    after the corpus changed) would otherwise compare rows trained on different corpora or
+    vocabularies. `trained_on` keeps the first run's value of each key."""
+    values = {
+        "dataset_fingerprint": data.get("dataset_fingerprint"),
+        "vocabulary": pathlib.Path(data["vocabulary"]).name,
+    }
+    for key, value in values.items():
+        first, first_value = trained_on.setdefault(key, (workdir, value))
+        if value != first_value:
+            raise SweepError(
+                f"data.{key} differs between {first}/results.json ({first_value!r}) and "
+                f"{workdir}/results.json ({value!r}); the runs of one table must see the same "
+                "data: retrain the odd ones on the others' (or start a new --workdir for new data)"
+            )
 
 
 def _settings_from_manifest(root: pathlib.Path) -> Settings:
