@@ -62,7 +62,36 @@ def test_an_edited_corpus_rebuilds_vocabulary_and_ids(tmp_path):
     assert edited.ids["train"].target(position).tolist() == expected
 
 
-def test_changed_catalogs_rebuild_the_gettext_dataset(tmp_path):
+def test_changed_catalogs_rebuild_the_gettext_dataset_under_the_data_dirs_lock(
+    tmp_path, monkeypatch
+):
+    """Each build (and rebuild) of the catalogs' TFDS dataset holds the data dir's lock: two
+    sweep runs started together on a fresh machine both built it and one died renaming it."""
+    from tfm.data import tfds_sources
+
+    lock = tmp_path / "data" / ".build-gettext-en-de.lock"
+    builds_locked = []
+    make_builder = tfds_sources.gettext_builder
+
+    def probing_builder(*args, **kwargs):
+        builder = make_builder(*args, **kwargs)
+        build = builder.download_and_prepare
+
+        def download_and_prepare(*a, **k):
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            with open(lock, "a") as probe:
+                try:
+                    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(probe, fcntl.LOCK_UN)
+                    builds_locked.append(False)
+                except BlockingIOError:  # held by the builder's own handle
+                    builds_locked.append(True)
+            return build(*a, **k)
+
+        builder.download_and_prepare = download_and_prepare
+        return builder
+
+    monkeypatch.setattr(tfds_sources, "gettext_builder", probing_builder)
     locale = tmp_path / "locale"
     many = [(f"Message number {i}", f"Nachricht Nummer {i}") for i in range(300)]
     catalog = locale / "de" / "LC_MESSAGES" / "app.mo"
@@ -74,6 +103,7 @@ def test_changed_catalogs_rebuild_the_gettext_dataset(tmp_path):
     pairs = [p for split in after.splits.values() for p in split]
     assert ("Message number 299", "Geänderte Nachricht") in pairs
     assert before.splits != after.splits
+    assert builds_locked and all(builds_locked)
 
 
 # --- a workdir that knows what it holds --------------------------------------------------------

@@ -242,31 +242,6 @@ def test_a_prepare_waits_for_the_one_already_building_in_its_data_dir(spec, one_
     assert set(json.loads(out.splitlines()[-1]).values()) == {"built"}
 
 
-def test_the_corpus_is_read_only_under_the_data_dirs_lock(spec, tmp_path, monkeypatch):
-    """Reading a `gettext:` corpus builds (or rebuilds) its TFDS dataset in the data dir on first
-    use: two sweep runs that read it unlocked raced to rename the same directory and one died
-    (FileExistsError), so every read happens under the prepare lock."""
-    slug = sources.parse_spec(spec).slug
-    lock_file = tmp_path / f".prepare-{slug}.lock"
-    read_unlocked = []
-    original = sources.corpus_chunks
-
-    def corpus_chunks(*args, **kwargs):
-        with open(lock_file, "a") as probe:
-            try:
-                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                fcntl.flock(probe, fcntl.LOCK_UN)
-                read_unlocked.append(True)
-            except BlockingIOError:  # held by prepare's own handle: the read is locked
-                pass
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(sources, "corpus_chunks", corpus_chunks)
-    data = prepare.prepare(spec, tmp_path, 400, workers=1, chunk_records=500)
-    assert set(data.caches.values()) == {"built"}
-    assert not read_unlocked
-
-
 def test_two_prepares_started_together_build_once_and_agree(spec, one_shot, tmp_path):
     data_dir = tmp_path / "data"
     runs = [_start_prepare(spec, data_dir, tmp_path / f"run{i}.py") for i in range(2)]

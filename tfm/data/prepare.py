@@ -115,36 +115,22 @@ def prepare(
     def chunks():
         return sources.corpus_chunks(spec, data_dir, chunk_records, **reader_options)
 
-    with _one_builder(data_dir, spec), streaming.ChunkMap(workers) as chunk_map:
+    with streaming.ChunkMap(workers) as chunk_map:
         scan = _scan(chunk_map, chunks())
         _check_splits(spec, scan.sizes)
-        return _build(spec, data_dir, vocab_size, chunk_records, chunk_map, chunks, scan)
+        with _one_builder(data_dir, spec):
+            return _build(spec, data_dir, vocab_size, chunk_records, chunk_map, chunks, scan)
 
 
-@contextlib.contextmanager
 def _one_builder(data_dir: pathlib.Path, spec: sources.SourceSpec):
-    """Hold `DATA_DIR/.prepare-SLUG.lock` (flock) while the corpus is read (a `gettext:` source
-    builds its TFDS dataset there on first use, or rebuilds it) and the vocabulary and id caches
-    are checked and built: runs started together on one data dir (a local sweep, the processes
-    of a multi-host job) build each once, the others wait and then reuse them. The OS releases
-    the lock when its holder dies."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    lock_file = data_dir / f".prepare-{spec.slug}.lock"
-
-    def wait(holder: str) -> None:
-        print(
-            f"prepare: waiting for {holder}, which is preparing {spec.name} in "
-            f"{data_dir} (it holds {lock_file})",
-            file=sys.stderr,
-        )
-
-    def unlocked(error: OSError) -> None:  # builders started together may then collide
-        print(
-            f"prepare: {lock_file} cannot be locked ({error}); building unlocked", file=sys.stderr
-        )
-
-    with file_lock.held(lock_file, wait, unlocked):
-        yield
+    """Hold `DATA_DIR/.prepare-SLUG.lock` (flock) while the vocabulary and id caches are
+    checked and built: runs started together on one data dir (a local sweep, the processes of
+    a multi-host job) build them once, the others wait and then reuse them. The OS releases
+    the lock when its holder dies. (The corpus scan runs before it: a script without a main
+    guard re-runs `prepare` in each worker it spawns, and a worker waiting here would hang.)"""
+    return file_lock.building(
+        data_dir / f".prepare-{spec.slug}.lock", f"preparing {spec.name} in {data_dir}"
+    )
 
 
 def _build(spec, data_dir, vocab_size, chunk_records, chunk_map, chunks, scan) -> PreparedData:

@@ -17,6 +17,7 @@ import tensorflow_datasets as tfds
 
 from tfm.data import gettext_catalogs
 from tfm.data.corpus import SPLITS, Corpus, CorpusError, RawChunk, merge, parse_chunk, split_pairs
+from tfm.job import file_lock
 
 # keys of the gettext dataset's metadata: what reading the catalogs filtered (stored with the
 # prepared data instead of being recomputed from the catalogs), and which catalogs it was built
@@ -120,18 +121,7 @@ def read_gettext(
 ) -> Corpus:
     """The catalogs' pairs through their TFDS dataset, built under data_dir on first use and
     rebuilt when the catalogs changed since."""
-    builder = gettext_builder(target_language, data_dir, locale_dir)
-    if builder.is_prepared():
-        current = gettext_catalogs.catalogs_fingerprint(target_language, locale_dir)
-        if builder.info.metadata.get(CATALOGS_KEY) != current:
-            print(
-                f"the catalogs under {locale_dir} changed since {builder.data_dir} was built; "
-                "rebuilding it",
-                file=sys.stderr,
-            )
-            shutil.rmtree(builder.data_dir)  # a derived cache: the catalogs are the data
-            builder = gettext_builder(target_language, data_dir, locale_dir)
-    builder.download_and_prepare()
+    builder = _built_gettext(target_language, pathlib.Path(data_dir), locale_dir)
     data_sources = builder.as_data_source()
     missing = [split for split in SPLITS if split not in data_sources]
     if missing:
@@ -142,6 +132,31 @@ def read_gettext(
     splits = {split: read_records(data_sources[split], "en", target_language) for split in SPLITS}
     filtered = collections.Counter(builder.info.metadata.get(FILTERED_KEY, {}))
     return Corpus(splits, filtered)
+
+
+def _built_gettext(
+    target_language: str, data_dir: pathlib.Path, locale_dir
+) -> tfds.core.DatasetBuilder:
+    """The gettext dataset's builder once its data is current, built (or rebuilt) under the
+    data dir's lock: runs started together on a fresh data dir raced to rename the same
+    directory and one died (FileExistsError)."""
+    name = f"gettext:en-{target_language}"
+    with file_lock.building(
+        data_dir / f".build-gettext-en-{target_language}.lock", f"building {name} in {data_dir}"
+    ):
+        builder = gettext_builder(target_language, data_dir, locale_dir)
+        if builder.is_prepared():
+            current = gettext_catalogs.catalogs_fingerprint(target_language, locale_dir)
+            if builder.info.metadata.get(CATALOGS_KEY) != current:
+                print(
+                    f"the catalogs under {locale_dir} changed since {builder.data_dir} was "
+                    "built; rebuilding it",
+                    file=sys.stderr,
+                )
+                shutil.rmtree(builder.data_dir)  # a derived cache: the catalogs are the data
+                builder = gettext_builder(target_language, data_dir, locale_dir)
+        builder.download_and_prepare()
+    return builder
 
 
 def _register_translation_datasets() -> None:

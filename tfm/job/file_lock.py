@@ -9,6 +9,7 @@ import contextlib
 import fcntl
 import os
 import pathlib
+import sys
 from collections.abc import Callable, Iterator
 
 
@@ -48,3 +49,20 @@ def held(
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def building(path: pathlib.Path, what: str) -> Iterator[None]:
+    """Hold the lock on `path` while building `what` (a cache that processes started together
+    would otherwise build at once and collide): a second builder says whom it waits for and
+    waits, then finds the cache built. Where locks are unsupported it says so and builds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def wait(holder: str) -> None:
+        print(f"waiting for {holder}, which is {what} (it holds {path})", file=sys.stderr)
+
+    def unlocked(error: OSError) -> None:
+        print(f"{path} cannot be locked ({error}); {what} unlocked", file=sys.stderr)
+
+    with held(path, wait, unlocked):
+        yield
