@@ -48,7 +48,7 @@ def _repo() -> pathlib.Path:
 def collect(sweep: Sweep) -> dict:
     """Read every finished run of the sweep and write table3.json / .md / .png."""
     runs: dict[str, list[dict]] = {row: [] for row in ROWS}
-    trained_on: dict[str, tuple[pathlib.Path, str]] = {}
+    seen_data: list[tuple[pathlib.Path, dict]] = []
     for workdir in sorted((sweep.root / "runs").glob("*/seed*")):
         row, seed = workdir.parent.name, int(workdir.name.removeprefix("seed"))
         if row not in runs:
@@ -57,9 +57,10 @@ def collect(sweep: Sweep) -> dict:
         if result is None:
             print(f"{workdir}: not finished, left out of the table", file=sys.stderr)
             continue
-        _check_same_data(trained_on, workdir, result["data"])
+        seen_data.append((workdir, _data_identity(result["data"])))
         summary = table3_report.run_summary(result, perplexity_curve(workdir), cost(workdir))
         runs[row].append(summary)
+    _check_same_data(seen_data)
     rows = table3_report.aggregate(runs)
     findings = table3_report.judge_findings(rows)
     agreement = {
@@ -98,24 +99,30 @@ def collect(sweep: Sweep) -> dict:
     return table
 
 
-def _check_same_data(
-    trained_on: dict[str, tuple[pathlib.Path, str]], workdir: pathlib.Path, data: dict
-) -> None:
-    """Refuse a table whose runs saw different data: a sweep continued on another machine (or
-    after the corpus changed) would otherwise compare rows trained on different corpora or
-    vocabularies. `trained_on` keeps the first run's value of each key."""
-    values = {
+def _data_identity(data: dict) -> dict:
+    """What must agree between the runs of one table: the corpus and the vocabulary."""
+    return {
         "dataset_fingerprint": data.get("dataset_fingerprint"),
         "vocabulary": pathlib.Path(data["vocabulary"]).name,
     }
-    for key, value in values.items():
-        first, first_value = trained_on.setdefault(key, (workdir, value))
-        if value != first_value:
-            raise SweepError(
-                f"data.{key} differs between {first}/results.json ({first_value!r}) and "
-                f"{workdir}/results.json ({value!r}); the runs of one table must see the same "
-                "data: retrain the odd ones on the others' (or start a new --workdir for new data)"
-            )
+
+
+def _check_same_data(seen: list[tuple[pathlib.Path, dict]]) -> None:
+    """Refuse a table whose runs saw different data: a sweep continued on another machine (or
+    after the corpus changed) would otherwise compare rows trained on different corpora or
+    vocabularies. `seen` holds each finished run's workdir and `_data_identity`."""
+    if not seen:
+        return
+    first, first_values = seen[0]
+    for workdir, values in seen[1:]:
+        for key, value in values.items():
+            if value != first_values[key]:
+                raise SweepError(
+                    f"data.{key} differs between {first}/results.json ({first_values[key]!r}) "
+                    f"and {workdir}/results.json ({value!r}); the runs of one table must see the "
+                    "same data: retrain the odd ones on the others' (or start a new --workdir for "
+                    "new data)"
+                )
 
 
 def _settings_from_manifest(root: pathlib.Path) -> Settings:
