@@ -6,6 +6,11 @@ counting every projection, the attention score and value products, the FFN and t
 layer; embeddings lookups, softmax and LayerNorm are not counted.
 
     python benchmarks/train_throughput.py [--shapes small base] [--steps 5] [--dtype float32]
+        [--kernels auto|reference|xla_cpu]
+
+`--kernels` picks the ops (tfm.kernels): run it once per setting to see what a backend kit buys
+on this machine; `mini` is the Table 3 miniature's base (configs/table3_mini.py) at its packed
+2,048-token batch.
 """
 
 from __future__ import annotations
@@ -22,9 +27,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfm import ModelConfig, Transformer, training
+from tfm.job.host import cpu_model
+from tfm.kernels import KERNELS
 
 SHAPES = {
     # name: (model, batch rows, source length, target length)
+    "mini": (
+        dict(vocab_size=4000, num_layers=3, d_model=128, d_ff=512, num_heads=8, d_k=16, d_v=16),
+        32,
+        64,
+        64,
+    ),
     "small": (
         dict(vocab_size=8000, num_layers=2, d_model=256, d_ff=1024, num_heads=4, d_k=64, d_v=64),
         32,
@@ -80,10 +93,10 @@ def matmul_peak(n: int = 2048, repeats: int = 5, dtype=jnp.float32) -> float:
     return 2 * n**3 / min(times)
 
 
-def measure(name: str, steps: int, dtype: str, peak: float) -> dict:
+def measure(name: str, steps: int, dtype: str, peak: float, kernels: str) -> dict:
     shape, rows, src_len, tgt_len = SHAPES[name]
     config = ModelConfig(**shape, dropout_rate=0.1, dtype=dtype)
-    model = Transformer(config)
+    model = Transformer(config, kernels=kernels)
     optimizer = training.make_optimizer(training.TrainConfig(), config.d_model)
     rng = np.random.default_rng(0)
     batch = {
@@ -127,6 +140,7 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", default=["small", "base"], choices=sorted(SHAPES))
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--kernels", default="auto", choices=KERNELS)
     parser.add_argument(
         "--peak_tflops",
         type=float,
@@ -134,16 +148,20 @@ def main() -> None:
     )
     args = parser.parse_args()
     peak = args.peak_tflops * 1e12 if args.peak_tflops else matmul_peak(dtype=jnp.dtype(args.dtype))
-    results = {name: measure(name, args.steps, args.dtype, peak) for name in args.shapes}
+    results = {
+        name: measure(name, args.steps, args.dtype, peak, args.kernels) for name in args.shapes
+    }
     print(
         json.dumps(
             dict(
                 benchmark="train_throughput",
                 backend=jax.default_backend(),
                 device=str(jax.devices()[0].device_kind),
+                cpu=cpu_model(),
                 devices=jax.device_count(),
                 python=platform.python_version(),
                 jax=jax.__version__,
+                kernels=args.kernels,
                 peak_gflops=round(peak / 1e9, 1),
                 peak_source="given" if args.peak_tflops else "measured 2048^3 matmul",
                 flop_formula="3 x forward matmul FLOPs (see forward_flops)",
