@@ -421,19 +421,50 @@ def test_a_sweep_killed_outright_is_charged_its_cpu_time_on_the_next_invocation(
 
 
 def test_core_hours_scale_partly_measured_runs_and_say_so():
-    def summary(cpu, costed, steps=100):
-        return dict(cpu_seconds=cpu, steps_costed=costed, settings=dict(train_steps=steps))
+    def summary(cpu, costed, by_host, steps=100):
+        return dict(
+            cpu_seconds=cpu,
+            steps_costed=costed,
+            cpu_seconds_by_host=by_host,
+            settings=dict(train_steps=steps),
+        )
 
     hours = table3_report.core_hours(
-        [summary(3600, 100), summary(1800, 50), summary(None, None)]  # 1 h, 0.5 h of 1 h, none
+        [  # 1 h; 0.5 h of a 1 h run, resumed on another CPU halfway; none
+            summary(3600, 100, {"Xeon A": 3600}),
+            summary(1800, 50, {"Xeon A": 900, "EPYC": 900}),
+            summary(None, None, {}),
+        ]
     )
     assert hours == dict(
-        measured=1.5, estimated_all_steps=2.0, runs=3, runs_without_ledger=1, runs_partly_measured=1
+        measured=1.5,
+        measured_by_host={"EPYC": 0.25, "Xeon A": 1.25},
+        estimated_all_steps=2.0,
+        runs=3,
+        runs_without_ledger=1,
+        runs_partly_measured=1,
     )
     line = table3_text.cost_line(hours, ["Xeon A", "Xeon B"])
-    assert line.endswith(" Hosts: Xeon A; Xeon B.")
+    assert line.endswith(
+        " Hosts: EPYC: 0.25 core-hours; Xeon A: 1.25 core-hours; Xeon B."
+    )  # Xeon B: the host of a run without a ledger
     assert (
         "1.50 core-hours" in line and "~2.00" in line and "1 run(s) without a cost ledger" in line
+    )
+
+
+def test_a_runs_cost_is_split_by_the_cpu_each_invocation_ran_on(tmp_path):
+    entries = [
+        dict(cpu_seconds=100.0, host="Xeon A", from_step=0, to_step=40),
+        dict(cpu_seconds=250.5, host="EPYC", from_step=40, to_step=60),
+        dict(cpu_seconds=10.0, host="Xeon A", from_step=60, to_step=60),
+        dict(cpu_seconds=3.0, from_step=60, to_step=61),  # a ledger line without its host
+    ]
+    (tmp_path / "cost.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
+    assert cost(tmp_path) == dict(
+        cpu_seconds=363.5,
+        cpu_seconds_by_host={"Xeon A": 110.0, "EPYC": 250.5, "unknown host": 3.0},
+        steps_covered=61,
     )
 
 

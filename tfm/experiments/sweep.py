@@ -340,8 +340,9 @@ def cpu_seconds_so_far(pid: int) -> float | None:
 
 def cost(workdir: pathlib.Path) -> dict | None:
     """A run's cost over its invocations (cost.jsonl, and a killed sweep's unsettled snapshot):
-    CPU seconds, and the steps they cover (fewer than the run's where an invocation ran before
-    the ledger existed). None without a ledger."""
+    CPU seconds (in all, and per host CPU model: a core-second differs between CPUs), and the
+    steps they cover (fewer than the run's where an invocation ran before the ledger existed).
+    None without a ledger."""
     entries = [
         entry
         for name in ("cost.jsonl", PENDING_COST)
@@ -350,8 +351,13 @@ def cost(workdir: pathlib.Path) -> dict | None:
     ]
     if not entries:
         return None
+    by_host: dict[str, float] = {}
+    for entry in entries:
+        host = entry.get("host") or "unknown host"
+        by_host[host] = by_host.get(host, 0.0) + entry["cpu_seconds"]
     return dict(
         cpu_seconds=sum(e["cpu_seconds"] for e in entries),
+        cpu_seconds_by_host=by_host,
         steps_covered=sum(max(0, e["to_step"] - e["from_step"]) for e in entries),
     )
 

@@ -55,6 +55,7 @@ def run_summary(result: dict, curve: list[tuple[int, float]], cost: dict | None 
         wall_seconds=result.get("wall_seconds"),
         host=result.get("host", {}).get("cpu"),
         cpu_seconds=None if cost is None else cost["cpu_seconds"],
+        cpu_seconds_by_host={} if cost is None else cost["cpu_seconds_by_host"],
         steps_costed=None if cost is None else cost["steps_covered"],
         curve=[list(point) for point in curve],
     )
@@ -63,13 +64,19 @@ def run_summary(result: dict, curve: list[tuple[int, float]], cost: dict | None 
 def core_hours(summaries: list[dict]) -> dict:
     """The sweep's cost in core-hours: what the runs' ledgers measured, and the whole sweep
     estimated by scaling each run's measured CPU time to all its steps (an approximation where
-    a ledger covers only part of a run)."""
+    a ledger covers only part of a run). `measured_by_host` splits the measured time by the CPU
+    model each invocation ran on (runs resumed on another machine count on both)."""
     costed = [s for s in summaries if s["cpu_seconds"] is not None and s["steps_costed"]]
     measured = sum(s["cpu_seconds"] for s in costed) / 3600
+    by_host: dict[str, float] = {}
+    for summary in costed:
+        for host, seconds in summary["cpu_seconds_by_host"].items():
+            by_host[host] = by_host.get(host, 0.0) + seconds / 3600
     per_run = [s["cpu_seconds"] * s["settings"]["train_steps"] / s["steps_costed"] for s in costed]
     uncovered = [s for s in costed if s["steps_costed"] < s["settings"]["train_steps"]]
     return dict(
         measured=round(measured, 2),
+        measured_by_host={host: round(hours, 2) for host, hours in sorted(by_host.items())},
         estimated_all_steps=round(sum(per_run) / 3600, 2),
         runs=len(summaries),
         runs_without_ledger=len(summaries) - len(costed),

@@ -7,7 +7,8 @@ from tfm.experiments.table3_report import COLUMNS, MIN_RANKED_ROWS, regime
 
 
 def cost_line(hours: dict, hosts: list[str] = ()) -> str:
-    """The sweep's cost as table3.md states it, and the CPUs the runs trained on."""
+    """The sweep's cost as table3.md states it, and the CPUs the runs trained on, each with the
+    core-hours measured on it (a core-hour buys different amounts of training on each)."""
     line = (
         f"Cost: {hours['measured']:.2f} core-hours of CPU time measured over {hours['runs']} "
         f"runs; ~{hours['estimated_all_steps']:.2f} core-hours with every step counted"
@@ -18,7 +19,12 @@ def cost_line(hours: dict, hosts: list[str] = ()) -> str:
     if hours["runs_without_ledger"]:
         gaps.append(f"{hours['runs_without_ledger']} run(s) without a cost ledger, not counted")
     line += f" ({'; '.join(gaps)})." if gaps else "."
-    return line + (f" Hosts: {'; '.join(hosts)}." if hosts else "")
+    by_host = hours.get("measured_by_host", {})
+    named = [
+        f"{host}: {by_host[host]:.2f} core-hours" if host in by_host else host
+        for host in sorted({*hosts, *by_host})
+    ]
+    return line + (f" Hosts: {'; '.join(named)}." if named else "")
 
 
 METRIC_NAMES = {
