@@ -361,12 +361,15 @@ def test_a_child_s_cpu_time_is_what_it_spent_not_its_wall_time(tmp_path):
     assert spent["sleeps"] < 0.5 and 0.9 < spent["spins"] < 2.0, spent
 
 
-# A stand-in for train.py: saves "checkpoint" 5, then spins on the CPU until it is killed (or,
-# with STAND_IN_EXITS set, exits at once).
+# A stand-in for train.py: writes its model card (data fingerprint $STAND_IN_FINGERPRINT) and
+# "checkpoint" 5, then spins on the CPU until it is killed (or, with STAND_IN_EXITS set, exits).
 STAND_IN_TRAIN_PY = """
-import os, pathlib, sys, time
+import json, os, pathlib, sys, time
 workdir = pathlib.Path(next(a for a in sys.argv if a.startswith("--workdir=")).split("=", 1)[1])
 (workdir / "checkpoints" / "5").mkdir(parents=True, exist_ok=True)
+fingerprint = os.environ.get("STAND_IN_FINGERPRINT")
+card = dict(vocabulary="/data/vocab/v.model", dataset_fingerprint=fingerprint)
+(workdir / "model.json").write_text(json.dumps(card))
 while not os.environ.get("STAND_IN_EXITS"):
     time.process_time()
 """
@@ -418,6 +421,70 @@ def test_a_sweep_killed_outright_is_charged_its_cpu_time_on_the_next_invocation(
     assert exited["exit_code"] == 0 and exited["from_step"] == 5 and "killed" not in exited
     assert not pending.exists()
     assert cost(pending.parent)["cpu_seconds"] == killed["cpu_seconds"] + exited["cpu_seconds"]
+
+
+def test_a_sweep_stops_a_run_that_prepared_other_data_than_the_finished_runs(tmp_path):
+    """A sweep continued on a machine whose corpus differs is stopped at the first run's model
+    card (written before its first step), not hours later when the table refuses the runs."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "train.py").write_text(STAND_IN_TRAIN_PY)
+    root = tmp_path / "sweep"
+    finished = root / "runs" / "base" / "seed0" / "results.json"
+    finished.parent.mkdir(parents=True)
+    finished.write_text(
+        json.dumps(
+            dict(
+                config=dict(loop=dict(num_train_steps=6000)),
+                training=dict(step=6000),
+                validation={},
+                data=dict(dataset_fingerprint="a" * 64, vocabulary="/elsewhere/vocab/v.model"),
+            )
+        )
+    )
+    driver = (
+        "import pathlib, sys\n"
+        "from tfm.experiments import sweep\n"
+        "sweep.SNAPSHOT_SECONDS = 0.3\n"
+        f"s = sweep.Sweep({str(root)!r}, sweep.Settings('miniature', 'data'), "
+        f"pathlib.Path({str(repo)!r}))\n"
+        "runs = [sweep.Run('base', 0), sweep.Run('base', 1)]\n"
+        "try:\n"
+        "    print([run.name for run in s.run_locally(runs)])\n"
+        "except sweep.SweepError as error:\n"
+        "    sys.exit(f'error: {error}')\n"
+    )
+
+    def sweep_with(environment: dict) -> subprocess.CompletedProcess:
+        process = subprocess.Popen(
+            [sys.executable, "-c", driver],
+            env=dict(os.environ, **environment),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            stdout, stderr = process.communicate(timeout=120)
+        finally:
+            if process.poll() is None:  # not stopped: kill the driver and its stand-in
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=60)
+        return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+    # the same data: the run goes on (the stand-in exits without results, so it failed)
+    same = sweep_with(dict(STAND_IN_FINGERPRINT="a" * 64, STAND_IN_EXITS="1"))
+    assert same.returncode == 0 and same.stdout.strip() == "['base-seed1']", same.stderr
+    # other data: stopped (SIGTERM, so it saves a checkpoint) and charged, the sweep exits
+    other = sweep_with(dict(STAND_IN_FINGERPRINT="b" * 64))
+    card = root / "runs" / "base" / "seed1" / "model.json"
+    assert other.returncode == 1 and other.stderr.splitlines()[-1] == (
+        f"error: data.dataset_fingerprint differs between {finished} ('{'a' * 64}') and {card} "
+        f"('{'b' * 64}'); the runs of one table must see the same data: retrain the odd ones on "
+        "the others' (or start a new --workdir for new data)"
+    )
+    ledger = [json.loads(line) for line in (card.parent / "cost.jsonl").read_text().splitlines()]
+    assert [entry["exit_code"] for entry in ledger] == [0, -signal.SIGTERM]
 
 
 def test_core_hours_scale_partly_measured_runs_and_say_so():

@@ -27,7 +27,9 @@ from tfm.experiments.sweep import (
     Settings,
     Sweep,
     SweepError,
+    check_same_data,
     cost,
+    data_identity,
     parse_rows,
     perplexity_curve,
     plan,
@@ -57,10 +59,10 @@ def collect(sweep: Sweep) -> dict:
         if result is None:
             print(f"{workdir}: not finished, left out of the table", file=sys.stderr)
             continue
-        seen_data.append((workdir, _data_identity(result["data"])))
+        seen_data.append((workdir / "results.json", data_identity(result["data"])))
         summary = table3_report.run_summary(result, perplexity_curve(workdir), cost(workdir))
         runs[row].append(summary)
-    _check_same_data(seen_data)
+    check_same_data(seen_data)
     rows = table3_report.aggregate(runs)
     findings = table3_report.judge_findings(rows)
     agreement = {
@@ -97,32 +99,6 @@ def collect(sweep: Sweep) -> dict:
     )
     table3_figure.figure(rows, sweep.root / "table3.png", title)
     return table
-
-
-def _data_identity(data: dict) -> dict:
-    """What must agree between the runs of one table: the corpus and the vocabulary."""
-    return {
-        "dataset_fingerprint": data.get("dataset_fingerprint"),
-        "vocabulary": pathlib.Path(data["vocabulary"]).name,
-    }
-
-
-def _check_same_data(seen: list[tuple[pathlib.Path, dict]]) -> None:
-    """Refuse a table whose runs saw different data: a sweep continued on another machine (or
-    after the corpus changed) would otherwise compare rows trained on different corpora or
-    vocabularies. `seen` holds each finished run's workdir and `_data_identity`."""
-    if not seen:
-        return
-    first, first_values = seen[0]
-    for workdir, values in seen[1:]:
-        for key, value in values.items():
-            if value != first_values[key]:
-                raise SweepError(
-                    f"data.{key} differs between {first}/results.json ({first_values[key]!r}) "
-                    f"and {workdir}/results.json ({value!r}); the runs of one table must see the "
-                    "same data: retrain the odd ones on the others' (or start a new --workdir for "
-                    "new data)"
-                )
 
 
 def _settings_from_manifest(root: pathlib.Path) -> Settings:

@@ -181,9 +181,12 @@ class Sweep:
 
     def _run_locally(self, runs: list[Run], parallel: int) -> list[Run]:
         todo = []
+        # (results.json, data_identity) of a finished run: the data every other run must see
+        reference: tuple[pathlib.Path, dict] | None = None
         for run in runs:
-            if self.finished(run):
+            if result := self.finished(run):
                 print(f"{run.name}: finished, read back", file=sys.stderr)
+                reference = reference or self._trained_on(run, result)
             else:
                 todo.append(run)
         # longest first (the paper's step count of the row), so no long run starts last
@@ -200,6 +203,7 @@ class Sweep:
         def snapshot() -> None:
             for run, proc, started in running.values():
                 self._snapshot_cost(run, started, proc.pid)
+                self._check_data(reference, run)
 
         try:
             while todo or running:
@@ -213,7 +217,8 @@ class Sweep:
                 )
                 run, proc, started = running.pop(lane)
                 self._record_cost(run, started, usage, proc.returncode)
-                if proc.returncode != 0 or not self.finished(run):
+                self._check_data(reference, run)
+                if proc.returncode != 0 or not (result := self.finished(run)):
                     print(
                         f"{run.name} failed (exit code {proc.returncode}); see {self.log(run)}",
                         file=sys.stderr,
@@ -221,12 +226,25 @@ class Sweep:
                     failed.append(run)
                 else:
                     print(f"{run.name}: done", file=sys.stderr, flush=True)
+                    reference = reference or self._trained_on(run, result)
         finally:
             for run, proc, started in running.values():  # interrupted: each run saves and stops
                 proc.terminate()
                 _, status, usage = os.wait4(proc.pid, 0)
                 self._record_cost(run, started, usage, os.waitstatus_to_exitcode(status))
         return failed
+
+    def _trained_on(self, run: Run, result: dict) -> tuple[pathlib.Path, dict]:
+        return self.workdir(run) / "results.json", data_identity(result["data"])
+
+    def _check_data(self, reference: tuple[pathlib.Path, dict] | None, run: Run) -> None:
+        """Stop the sweep as soon as a run's model card (written once its data is prepared,
+        before its first step) names other data than the finished runs: continued on another
+        machine, a sweep would otherwise train every remaining run on a different corpus and
+        only the table would refuse them."""
+        card = self.workdir(run) / "model.json"
+        if reference is not None and card.is_file():
+            check_same_data([reference, (card, data_identity(json.loads(card.read_text())))])
 
     def last_checkpoint(self, run: Run) -> int:
         """The newest checkpoint step of the run (0 before its first)."""
@@ -303,6 +321,32 @@ class Invocation:
     cores: list[int]
     step: int  # the checkpoint it resumes from
     monotonic: float = dataclasses.field(default_factory=time.monotonic)
+
+
+def data_identity(data: dict) -> dict:
+    """What the runs of one table must share: the corpus (its fingerprint) and the vocabulary
+    (its file name, which encodes the corpus and settings it was built from). `data` is a
+    results.json's "data" or a model.json: both hold these two keys."""
+    return {
+        "dataset_fingerprint": data.get("dataset_fingerprint"),
+        "vocabulary": pathlib.Path(data["vocabulary"]).name,
+    }
+
+
+def check_same_data(seen: list[tuple[pathlib.Path, dict]]) -> None:
+    """Refuse runs that saw different data: rows trained on different corpora or vocabularies
+    cannot be compared. `seen` holds the file each `data_identity` was read from."""
+    if not seen:
+        return
+    first, first_values = seen[0]
+    for path, values in seen[1:]:
+        for key, value in values.items():
+            if value != first_values[key]:
+                raise SweepError(
+                    f"data.{key} differs between {first} ({first_values[key]!r}) and {path} "
+                    f"({value!r}); the runs of one table must see the same data: retrain the odd "
+                    "ones on the others' (or start a new --workdir for new data)"
+                )
 
 
 def _wait_any(
