@@ -23,7 +23,6 @@ from tfm.experiments import slurm, table3_figure, table3_report, table3_text
 from tfm.experiments.sweep import (
     CONFIG_FILES,
     ROWS,
-    Run,
     Settings,
     Sweep,
     SweepError,
@@ -51,17 +50,15 @@ def collect(sweep: Sweep) -> dict:
     """Read every finished run of the sweep and write table3.json / .md / .png."""
     runs: dict[str, list[dict]] = {row: [] for row in ROWS}
     seen_data: list[tuple[pathlib.Path, dict]] = []
-    for workdir in sorted((sweep.root / "runs").glob("*/seed*")):
-        row, seed = workdir.parent.name, int(workdir.name.removeprefix("seed"))
-        if row not in runs:
-            continue
-        result = sweep.finished(Run(row, seed))
+    for run in sweep.runs_on_disk():
+        workdir = sweep.workdir(run)
+        result = sweep.finished(run)
         if result is None:
             print(f"{workdir}: not finished, left out of the table", file=sys.stderr)
             continue
         seen_data.append((workdir / "results.json", data_identity(result["data"])))
         summary = table3_report.run_summary(result, perplexity_curve(workdir), cost(workdir))
-        runs[row].append(summary)
+        runs[run.row].append(summary)
     check_same_data(seen_data)
     rows = table3_report.aggregate(runs)
     findings = table3_report.judge_findings(rows)

@@ -117,6 +117,16 @@ class Sweep:
     def workdir(self, run: Run) -> pathlib.Path:
         return self.root / "runs" / run.row / f"seed{run.seed}"
 
+    def runs_on_disk(self) -> list[Run]:
+        """Every run of a known row that this sweep directory holds a workdir for, in the order
+        of their paths."""
+        workdirs = sorted((self.root / "runs").glob("*/seed*"))
+        return [
+            Run(workdir.parent.name, int(workdir.name.removeprefix("seed")))
+            for workdir in workdirs
+            if workdir.parent.name in ROWS
+        ]
+
     def log(self, run: Run) -> pathlib.Path:
         return self.root / "logs" / f"{run.name}.log"
 
@@ -181,14 +191,21 @@ class Sweep:
 
     def _run_locally(self, runs: list[Run], parallel: int) -> list[Run]:
         todo = []
-        # (results.json, data_identity) of a finished run: the data every other run must see
-        reference: tuple[pathlib.Path, dict] | None = None
         for run in runs:
-            if result := self.finished(run):
+            if self.finished(run):
                 print(f"{run.name}: finished, read back", file=sys.stderr)
-                reference = reference or self._trained_on(run, result)
             else:
                 todo.append(run)
+        # (results.json, data_identity) of a finished run, planned or not: the data every other
+        # run must see
+        reference = next(
+            (
+                self._trained_on(run, result)
+                for run in self.runs_on_disk()
+                if (result := self.finished(run))
+            ),
+            None,
+        )
         # longest first (the paper's step count of the row), so no long run starts last
         todo.sort(key=lambda run: -table3()[run.row].train_steps)
         cores = sorted(os.sched_getaffinity(0))
