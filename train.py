@@ -25,6 +25,11 @@ sys.path.insert(0, str(ROOT))  # configs/ import each other as a package
 
 def _unknown_key(error: Exception) -> SystemExit:
     overrides = [arg.split("=")[0] for arg in sys.argv[1:] if arg.startswith("--config.")]
+    # ml_collections' KeyError starts with the missing key (quoted): name the override that
+    # failed, not every one given
+    missing = re.search(r"[A-Za-z_]\w*", str(error))
+    if missing:
+        overrides = [o for o in overrides if o.rsplit(".", 1)[-1] == missing.group()] or overrides
     suggestion = re.search(r'Did you mean "([^"]+)"', str(error))
     hint = f' (did you mean "{suggestion.group(1)}"?)' if suggestion else ""
     return SystemExit(
@@ -66,6 +71,12 @@ flags.DEFINE_bool(
     "with large scratch buffers (Linux, glibc >= 2.35; also TFM_HUGE_PAGE_MALLOC=1).",
 )
 flags.DEFINE_bool(
+    "check_config",
+    False,
+    "Read the config and its --config.KEY=VALUE overrides, say what is wrong with them (or that "
+    "they are valid) and exit: nothing is prepared, trained or written.",
+)
+flags.DEFINE_bool(
     "distributed",
     True,
     "Start JAX's distributed runtime when a cluster is detected (Slurm, Open MPI, TPU pods) or "
@@ -83,6 +94,14 @@ def main(argv):
     from tfm.job.config import job_config_from
     from tfm.job.workdir import WorkdirError
 
+    if FLAGS.check_config:
+        try:
+            job_config_from(FLAGS.config)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        print("the config is valid (--check_config: nothing trained)", file=sys.stderr)
+        return 0
     workdir = FLAGS.workdir or str(
         ROOT / "workdirs" / pathlib.Path(flags.FLAGS["config"].config_filename).stem
     )

@@ -140,6 +140,36 @@ def test_a_sweep_refuses_other_settings_naming_the_key(tmp_path):
         Settings("miniature", "data", ("num_train_steps=5",))
 
 
+@pytest.mark.parametrize(
+    "override, said",
+    [
+        (
+            "--config.num_train_step=5",
+            '--config.num_train_step: no such key in the config (did you mean "num_train_steps"?)',
+        ),
+        (
+            "--config.learning_rate_scale=-1",
+            "config: learning_rate_scale must be a number > 0, got -1.0",
+        ),
+    ],
+)
+def test_a_sweep_refuses_a_bad_override_before_it_records_or_trains_anything(
+    tmp_path, override, said
+):
+    """Were it not checked up front, every run would fail alike and sweep.json would record the
+    typo, so the corrected command would be refused as another sweep."""
+    refused = subprocess.run(
+        [sys.executable, "-m", "tfm.experiments", "table3", "--workdir", str(tmp_path / "sweep"),
+         "--rows=E", f"--override={override}"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert refused.stderr.startswith(
+        f"error: configs/table3_mini.py:E with the overrides given: {said}"
+    )
+    assert refused.stderr.count("\n") == 1 and not (tmp_path / "sweep").exists()
+
+
 def test_the_job_array_is_valid_bash_and_runs_one_train_py_per_row_and_seed(tmp_path):
     sweep = Sweep(tmp_path / "sweep", Settings("paper", "/data/wmt"), ROOT)
     runs = plan(list(table3()), seeds=1, base_seeds=3)

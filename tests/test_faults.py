@@ -410,6 +410,28 @@ def test_unknown_command_line_key_is_one_line():
         'error: --config.warmup_stpes: no such key in the config (did you mean "warmup_steps"?); '
         "the keys are listed in configs/common.py"
     ]
+    # beside valid overrides, only the unknown one is named (a nested one too)
+    out = _run(
+        ["train.py", "--config.seed=3", "--config.model.nm_heads=2", "--config.decode.alpha=0.5",
+         "--check_config"]
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines() == [
+        'error: --config.model.nm_heads: no such key in the config (did you mean "num_heads"?); '
+        "the keys are listed in configs/common.py"
+    ]
+
+
+def test_check_config_reads_the_config_and_writes_nothing(tmp_path):
+    out = _run(["train.py", "--config.learning_rate_scale=-1", "--check_config"])
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1] == (
+        "error: config: learning_rate_scale must be a number > 0, got -1.0"
+    )
+    workdir = tmp_path / "run"
+    out = _run(["train.py", "--config.seed=3", f"--workdir={workdir}", "--check_config"])
+    assert out.returncode == 0 and "the config is valid" in out.stderr
+    assert not workdir.exists()
 
 
 def test_a_tiny_corpus_says_which_split_is_empty(tmp_path):

@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings(args.scale, args.data_dir, tuple(args.override))
         sweep = Sweep(args.workdir, settings, _repo())
         runs = plan(parse_rows(args.rows), args.seeds, args.base_seeds)
+        sweep.check_config(runs[0])
         sweep.claim()
         if args.slurm:
             script = sweep.root / "table3.sbatch"

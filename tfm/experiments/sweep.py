@@ -160,6 +160,19 @@ class Sweep:
             *self.settings.overrides,
         ]
 
+    def check_config(self, run: Run) -> None:
+        """Refuse overrides that train.py would refuse in every run, before sweep.json records
+        them or any run starts: one `train.py --check_config` of the run's command."""
+        checked = subprocess.run(
+            [*self.command(run), "--check_config"], capture_output=True, text=True, cwd=self.repo
+        )
+        if checked.returncode != 0:
+            said = checked.stderr.strip().splitlines() or [f"exit code {checked.returncode}"]
+            raise SweepError(
+                f"{CONFIG_FILES[self.settings.scale]}:{run.row} with the overrides given: "
+                f"{said[-1].removeprefix('error: ')}"
+            )
+
     def finished(self, run: Run) -> dict | None:
         """The run's results.json when it trained to its last step and scored the validation
         split; None otherwise (not started, interrupted, or failed)."""
