@@ -405,11 +405,9 @@ while not os.environ.get("STAND_IN_EXITS"):
 """
 
 
-def test_a_sweep_killed_outright_is_charged_its_cpu_time_on_the_next_invocation(
-    tmp_path, monkeypatch
-):
-    """SIGKILL (a session or machine going away) gives the sweep no chance to record a run's
-    cost at its end; the half-minute snapshot it left is moved into the ledger next time."""
+def _stand_in_sweep(tmp_path, then: str) -> tuple[pathlib.Path, pathlib.Path, str]:
+    """A sweep directory, a checkout whose train.py is STAND_IN_TRAIN_PY, and a program that
+    builds the Sweep `s` (saving its cost snapshots every 0.3 s) and runs `then`."""
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "train.py").write_text(STAND_IN_TRAIN_PY)
@@ -420,8 +418,16 @@ def test_a_sweep_killed_outright_is_charged_its_cpu_time_on_the_next_invocation(
         "sweep.SNAPSHOT_SECONDS = 0.3\n"
         f"s = sweep.Sweep({str(root)!r}, sweep.Settings('miniature', 'data'), "
         f"pathlib.Path({str(repo)!r}))\n"
-        "s.run_locally([sweep.Run('base', 0)])\n"
     )
+    return root, repo, driver + then
+
+
+def test_a_sweep_killed_outright_is_charged_its_cpu_time_on_the_next_invocation(
+    tmp_path, monkeypatch
+):
+    """SIGKILL (a session or machine going away) gives the sweep no chance to record a run's
+    cost at its end; the half-minute snapshot it left is moved into the ledger next time."""
+    root, repo, driver = _stand_in_sweep(tmp_path, "s.run_locally([sweep.Run('base', 0)])\n")
     pending = root / "runs" / "base" / "seed0" / "cost.pending.json"
     process = subprocess.Popen([sys.executable, "-c", driver], start_new_session=True)
     try:
@@ -456,10 +462,14 @@ def test_a_sweep_killed_outright_is_charged_its_cpu_time_on_the_next_invocation(
 def test_a_sweep_stops_a_run_that_prepared_other_data_than_the_finished_runs(tmp_path):
     """A sweep continued on a machine whose corpus differs is stopped at the first run's model
     card (written before its first step), not hours later when the table refuses the runs."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "train.py").write_text(STAND_IN_TRAIN_PY)
-    root = tmp_path / "sweep"
+    root, _, driver = _stand_in_sweep(
+        tmp_path,
+        "runs = [sweep.Run('base', 1)]\n"
+        "try:\n"
+        "    print([run.name for run in s.run_locally(runs)])\n"
+        "except sweep.SweepError as error:\n"
+        "    sys.exit(f'error: {error}')\n",
+    )
     # a finished run of a row this invocation does not train (row E): the table holds it
     finished = root / "runs" / "E" / "seed0" / "results.json"
     finished.parent.mkdir(parents=True)
@@ -472,18 +482,6 @@ def test_a_sweep_stops_a_run_that_prepared_other_data_than_the_finished_runs(tmp
                 data=dict(dataset_fingerprint="a" * 64, vocabulary="/elsewhere/vocab/v.model"),
             )
         )
-    )
-    driver = (
-        "import pathlib, sys\n"
-        "from tfm.experiments import sweep\n"
-        "sweep.SNAPSHOT_SECONDS = 0.3\n"
-        f"s = sweep.Sweep({str(root)!r}, sweep.Settings('miniature', 'data'), "
-        f"pathlib.Path({str(repo)!r}))\n"
-        "runs = [sweep.Run('base', 1)]\n"
-        "try:\n"
-        "    print([run.name for run in s.run_locally(runs)])\n"
-        "except sweep.SweepError as error:\n"
-        "    sys.exit(f'error: {error}')\n"
     )
 
     def sweep_with(environment: dict) -> subprocess.CompletedProcess:
