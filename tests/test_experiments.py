@@ -125,6 +125,8 @@ def test_rows_and_groups_parse_in_the_papers_order():
     assert [r.name for r in runs] == ["base-seed0", "base-seed1", "base-seed2", "E-seed0"]
     with pytest.raises(SweepError, match="unknown row or group 'F'"):
         parse_rows("A,F")
+    with pytest.raises(SweepError, match="--rows names no row; the rows are base, A1"):
+        plan(parse_rows(" , "), seeds=1, base_seeds=1)
 
 
 def test_a_sweep_refuses_other_settings_naming_the_key(tmp_path):

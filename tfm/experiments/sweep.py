@@ -77,6 +77,8 @@ def plan(rows: list[str], seeds: int, base_seeds: int) -> list[Run]:
     """Runs in the paper's row order: `seeds` seeds per row, `base_seeds` for the base row,
     whose spread decides which differences count."""
     unknown = [row for row in rows if row not in ROWS]
+    if not rows:
+        raise SweepError(f"--rows names no row; the rows are {', '.join(ROWS)}")
     if unknown:
         raise SweepError(f"--rows: unknown row {unknown[0]!r}; the rows are {', '.join(ROWS)}")
     if seeds < 1 or base_seeds < 1:
