@@ -16,7 +16,8 @@ from tests import bounded
 from tests.e2e_corpus import write_corpus
 from tfm.config import table3
 from tfm.experiments import slurm, table3_report, table3_text
-from tfm.experiments.sweep import Run, Settings, Sweep, SweepError, cost, parse_rows, plan
+from tfm.experiments.ledger import cost
+from tfm.experiments.sweep import Run, Settings, Sweep, SweepError, parse_rows, plan
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -378,7 +379,7 @@ def test_spearman_is_the_rank_formula_and_its_interval_holds_it():
 def test_a_child_s_cpu_time_is_what_it_spent_not_its_wall_time(tmp_path):
     """The ledger's CPU seconds come from os.wait4: a child that sleeps 1 s spends ~0 of them,
     one that spins 1 s spends ~1 (what a paused or crowded run would get wrong by wall time)."""
-    from tfm.experiments.sweep import _wait_any
+    from tfm.experiments.ledger import wait_any
 
     programs = {
         "sleeps": "import time; time.sleep(1.0)",
@@ -387,7 +388,7 @@ def test_a_child_s_cpu_time_is_what_it_spent_not_its_wall_time(tmp_path):
     spent = {}
     for name, program in programs.items():
         process = subprocess.Popen([sys.executable, "-c", program])
-        key, usage = _wait_any({name: process}, every_snapshot=lambda: None)
+        key, usage = wait_any({name: process}, every_snapshot=lambda: None)
         assert key == name and process.returncode == 0
         spent[name] = usage.ru_utime + usage.ru_stime
     assert spent["sleeps"] < 0.5 and 0.9 < spent["spins"] < 2.0, spent
@@ -416,8 +417,8 @@ def _stand_in_sweep(tmp_path, then: str) -> tuple[pathlib.Path, pathlib.Path, st
     root = tmp_path / "sweep"
     driver = (
         "import pathlib, sys\n"
-        "from tfm.experiments import sweep\n"
-        "sweep.SNAPSHOT_SECONDS = 0.3\n"
+        "from tfm.experiments import ledger, sweep\n"
+        "ledger.SNAPSHOT_SECONDS = 0.3\n"
         f"s = sweep.Sweep({str(root)!r}, sweep.Settings('miniature', 'data'), "
         f"pathlib.Path({str(repo)!r}))\n"
     )

@@ -20,6 +20,7 @@ import sys
 import time
 
 from tfm.experiments import slurm, table3_figure, table3_report, table3_text
+from tfm.experiments.ledger import cost
 from tfm.experiments.sweep import (
     CONFIG_FILES,
     ROWS,
@@ -27,7 +28,6 @@ from tfm.experiments.sweep import (
     Sweep,
     SweepError,
     check_same_data,
-    cost,
     data_identity,
     parse_rows,
     perplexity_curve,

@@ -6,13 +6,8 @@ A sweep directory holds:
     DIR/sweep.json              the sweep's settings (scale, data dir, overrides); a later
                                 invocation with different settings is refused, never mixed in
     DIR/runs/ROW/seedS/         one train.py workdir per row and seed
-    DIR/runs/ROW/seedS/cost.jsonl   one line per train.py invocation of the run: the CPU seconds
-                                its process used (user + system, all threads: unaffected by other
-                                work on the machine or by the process being paused), wall
-                                seconds, cores, host CPU, and the checkpoint steps before and after
-    DIR/runs/ROW/seedS/cost.pending.json   the running invocation's cost so far, rewritten every
-                                half minute; a sweep killed outright (SIGKILL, a machine going
-                                away) leaves it, and the next invocation moves it into the ledger
+    DIR/runs/ROW/seedS/cost.jsonl   what each train.py invocation of the run cost (see
+                                tfm.experiments.ledger)
     DIR/logs/ROW-seedS.log      that run's stdout and stderr
     DIR/logs/sweep.lock         held by the process training the sweep here: a second one is
                                 refused, naming the first
@@ -26,19 +21,14 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 
 from tfm.config import table3
-from tfm.job import file_lock, host, metrics_file
+from tfm.experiments import ledger
+from tfm.job import file_lock, metrics_file
 
 # config file of each scale, relative to the repository root
 CONFIG_FILES = {"miniature": "configs/table3_mini.py", "paper": "configs/table3.py"}
 ROWS = tuple(table3())
-PENDING_COST = "cost.pending.json"
-# how often a running invocation's cost so far is saved: what a sweep killed outright leaves
-# uncharged is at most this much of its CPU time
-SNAPSHOT_SECONDS = 30.0
 
 
 class SweepError(RuntimeError):
@@ -228,13 +218,13 @@ class Sweep:
             raise SweepError(f"--parallel must be between 1 and {len(cores)} (the cores here)")
         lanes = [cores[i::parallel] for i in range(parallel)] if parallel > 1 else [cores]
         for run in runs:
-            self._settle_killed_invocation(run)
-        running: dict[int, tuple[Run, subprocess.Popen, Invocation]] = {}
+            ledger.settle_killed_invocation(self.workdir(run), self.last_checkpoint(run))
+        running: dict[int, tuple[Run, subprocess.Popen, ledger.Invocation]] = {}
         failed = []
 
         def snapshot() -> None:
             for run, proc, started in running.values():
-                self._snapshot_cost(run, started, proc.pid)
+                ledger.snapshot(self.workdir(run), started, proc.pid, self.last_checkpoint(run))
                 self._check_data(reference, run)
 
         try:
@@ -242,9 +232,9 @@ class Sweep:
                 for lane, lane_cores in enumerate(lanes):
                     if lane not in running and todo:
                         run = todo.pop(0)
-                        started = Invocation(lane_cores, self.last_checkpoint(run))
+                        started = ledger.Invocation(lane_cores, self.last_checkpoint(run))
                         running[lane] = (run, self._start(run, lane_cores), started)
-                lane, usage = _wait_any(
+                lane, usage = ledger.wait_any(
                     {lane: proc for lane, (_, proc, _) in running.items()}, snapshot
                 )
                 run, proc, started = running.pop(lane)
@@ -285,49 +275,8 @@ class Sweep:
         ]
         return max(steps, default=0)
 
-    def _cost_entry(self, run: Run, started: Invocation, cpu_seconds: float, exit_code) -> dict:
-        return dict(
-            cpu_seconds=round(cpu_seconds, 1),
-            wall_seconds=round(time.monotonic() - started.monotonic, 1),
-            cores=started.cores,
-            host=host.cpu_model(),
-            from_step=started.step,
-            to_step=self.last_checkpoint(run),
-            exit_code=exit_code,
-        )
-
-    def _record_cost(self, run: Run, started: Invocation, usage, exit_code: int) -> None:
-        """Append one finished invocation's cost to the run's cost.jsonl."""
-        self._append_cost(
-            run, self._cost_entry(run, started, usage.ru_utime + usage.ru_stime, exit_code)
-        )
-
-    def _append_cost(self, run: Run, entry: dict) -> None:
-        path = self.workdir(run) / "cost.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as ledger:
-            ledger.write(json.dumps(entry) + "\n")
-        (self.workdir(run) / PENDING_COST).unlink(missing_ok=True)
-
-    def _snapshot_cost(self, run: Run, started: Invocation, pid: int) -> None:
-        """Save the running invocation's cost so far (replaced whole, never half-written)."""
-        cpu_seconds = cpu_seconds_so_far(pid)
-        if cpu_seconds is None:
-            return
-        path = self.workdir(run) / PENDING_COST
-        partial = path.with_name(path.name + ".partial")
-        partial.write_text(json.dumps(self._cost_entry(run, started, cpu_seconds, None)) + "\n")
-        os.replace(partial, path)
-
-    def _settle_killed_invocation(self, run: Run) -> None:
-        """Move the cost a killed sweep left unrecorded into the ledger: its CPU time as of its
-        last snapshot, and the steps up to the newest checkpoint it saved."""
-        path = self.workdir(run) / PENDING_COST
-        if not path.is_file():
-            return
-        entry = json.loads(path.read_text())
-        entry.update(to_step=self.last_checkpoint(run), exit_code=None, killed=True)
-        self._append_cost(run, entry)
+    def _record_cost(self, run: Run, started: ledger.Invocation, usage, exit_code: int) -> None:
+        ledger.record(self.workdir(run), started, usage, self.last_checkpoint(run), exit_code)
 
     def _start(self, run: Run, cores: list[int]) -> subprocess.Popen:
         self.log(run).parent.mkdir(parents=True, exist_ok=True)
@@ -344,15 +293,6 @@ class Sweep:
                 cwd=self.repo,
                 preexec_fn=lambda: os.sched_setaffinity(0, cores),
             )
-
-
-@dataclasses.dataclass(frozen=True)
-class Invocation:
-    """When and where one train.py invocation of a run started."""
-
-    cores: list[int]
-    step: int  # the checkpoint it resumes from
-    monotonic: float = dataclasses.field(default_factory=time.monotonic)
 
 
 def data_identity(data: dict) -> dict:
@@ -379,63 +319,6 @@ def check_same_data(seen: list[tuple[pathlib.Path, dict]]) -> None:
                     f"({value!r}); the runs of one table must see the same data: retrain the odd "
                     "ones on the others' (or start a new --workdir for new data)"
                 )
-
-
-def _wait_any(
-    processes: dict[int, subprocess.Popen], every_snapshot: Callable[[], None]
-) -> tuple[int, object]:
-    """The key of the first process to finish, and its resource usage (os.wait4's: the CPU time
-    of the process and of every child it waited for); `every_snapshot` is called every
-    SNAPSHOT_SECONDS meanwhile."""
-    last_snapshot = time.monotonic()
-    while True:
-        for key, proc in processes.items():
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                proc.returncode = os.waitstatus_to_exitcode(status)
-                return key, usage
-        if time.monotonic() - last_snapshot >= SNAPSHOT_SECONDS:
-            every_snapshot()
-            last_snapshot = time.monotonic()
-        time.sleep(min(1.0, SNAPSHOT_SECONDS))
-
-
-def cpu_seconds_so_far(pid: int) -> float | None:
-    """The CPU seconds a running process has used (user + system over its threads, and its
-    waited-for children: what os.wait4 will report), from /proc/PID/stat; None where there is
-    no /proc (not Linux) or the process is gone."""
-    try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # after the command name (which may hold spaces) come fields 3...; utime, stime, cutime
-    # and cstime are fields 14-17, in clock ticks
-    fields = stat.rsplit(")", 1)[1].split()
-    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
-def cost(workdir: pathlib.Path) -> dict | None:
-    """A run's cost over its invocations (cost.jsonl, and a killed sweep's unsettled snapshot):
-    CPU seconds (in all, and per host CPU model: a core-second differs between CPUs), and the
-    steps they cover (fewer than the run's where an invocation ran before the ledger existed).
-    None without a ledger."""
-    entries = [
-        entry
-        for name in ("cost.jsonl", PENDING_COST)
-        if (workdir / name).is_file()
-        for entry in metrics_file.read(workdir / name)
-    ]
-    if not entries:
-        return None
-    by_host: dict[str, float] = {}
-    for entry in entries:
-        host = entry.get("host") or "unknown host"
-        by_host[host] = by_host.get(host, 0.0) + entry["cpu_seconds"]
-    return dict(
-        cpu_seconds=sum(e["cpu_seconds"] for e in entries),
-        cpu_seconds_by_host=by_host,
-        steps_covered=sum(max(0, e["to_step"] - e["from_step"]) for e in entries),
-    )
 
 
 def read_metrics(workdir: pathlib.Path) -> list[dict]:

@@ -33,7 +33,7 @@ COLUMNS = (
 def run_summary(result: dict, curve: list[tuple[int, float]], cost: dict | None = None) -> dict:
     """One finished run's figures from its results.json, its validation perplexity curve
     `[(step, perplexity), ...]` (the last point is the run's final perplexity) and its cost
-    ledger's totals (`sweep.cost`; None where the run has none)."""
+    ledger's totals (`ledger.cost`; None where the run has none)."""
     perplexity = curve[-1][1]
     model = dict(result["config"]["model"])
     vocab_size = result["data"]["vocab_size"]
