@@ -215,6 +215,22 @@ def test_records_after_the_resumed_checkpoint_are_dropped(tmp_path):
     assert kept == [records[0], records[1], records[3]]
 
 
+def test_a_resume_drops_only_a_last_line_cut_short_and_names_other_damage(tmp_path):
+    """A kill can cut short only the last line; a damaged line before it is damage the resume
+    must not hide: it is named, and the file is left as it was."""
+    metrics = tmp_path / "metrics.jsonl"
+    whole = [json.dumps(dict(kind="train", step=s)) for s in (25, 50)]
+    for damaged in ('{"kind": "tr', "[25]"):
+        text = whole[0] + "\n" + damaged + "\n" + whole[1] + "\n"
+        metrics.write_text(text)
+        with pytest.raises(metrics_file.DamagedRecords, match=rf"{re.escape(str(metrics))}:2: "):
+            metrics_file.drop_records_after(metrics, 50)
+        assert metrics.read_text() == text
+    metrics.write_text(whole[0] + "\n" + whole[1] + "\n" + "[25")
+    metrics_file.drop_records_after(metrics, 50)
+    assert metrics.read_text() == whole[0] + "\n" + whole[1] + "\n"
+
+
 def test_a_damaged_metrics_line_is_named_not_skipped(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     whole = [dict(kind="train", step=25), dict(kind="eval", step=25, perplexity=4.0)]

@@ -25,37 +25,43 @@ def read(path: str | pathlib.Path) -> list[dict]:
     file is whole (a resume drops a line cut short by a kill), so a line that does not parse is
     damage: it raises, naming the file and line."""
     path = pathlib.Path(path)
-    records = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DamagedRecords(
-                f"{path}:{number}: not a JSON record ({error.msg}); restore the file from its "
-                "source or delete the line, then read it again"
-            ) from None
-        if not isinstance(record, dict):
-            raise DamagedRecords(f"{path}:{number}: a JSON {type(record).__name__}, not a record")
-        records.append(record)
-    return records
+    lines = path.read_text().splitlines()
+    return [_record(path, n, line) for n, line in enumerate(lines, start=1) if line.strip()]
+
+
+def _record(path: pathlib.Path, number: int, line: str) -> dict:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise DamagedRecords(
+            f"{path}:{number}: not a JSON record ({error.msg}); restore the file from its "
+            "source or delete the line, then try again"
+        ) from None
+    if not isinstance(record, dict):
+        raise DamagedRecords(f"{path}:{number}: a JSON {type(record).__name__}, not a record")
+    return record
 
 
 def drop_records_after(path: pathlib.Path, step: int) -> None:
     """Keep the records up to `step`, where a resumed run continues: an interrupted run wrote
-    records past its last checkpoint, which the resumed run writes again. A line cut short by
-    the interruption is dropped with them."""
+    records past its last checkpoint, which the resumed run writes again. A last line cut short
+    by the interruption is dropped with them; damage anywhere else raises DamagedRecords
+    (naming the line) before anything is rewritten, so a resume never hides it."""
     if not path.is_file():
         return
+    lines = path.read_text().splitlines()
     kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", 0) > step:
-                continue
-        except (json.JSONDecodeError, AttributeError):
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
             continue
-        kept.append(line)
+        try:
+            record = _record(path, number, line)
+        except DamagedRecords:
+            if number == len(lines):
+                continue
+            raise
+        if record.get("step", 0) <= step:
+            kept.append(line)
     partial = path.with_name(path.name + ".partial")
     partial.write_text("".join(line + "\n" for line in kept))
     partial.replace(path)
