@@ -274,7 +274,7 @@ class Checkpointer:
         # the item's handler reads its own metadata; orbax's StandardCheckpointer would also look
         # for a checkpoint-level metadata file inside the item and log a warning per checkpoint
         metadata = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / "state")
-        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        device = jax.sharding.make_single_device_sharding(jax.local_devices()[0])
         return jax.tree.map(
             lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata.tree
         )
