@@ -17,6 +17,9 @@ os.environ["JAX_PLATFORMS"] = os.environ.get("TFM_TEST_PLATFORMS", "cpu")
 # home directory alone (a test that checks the cache passes its own directory)
 os.environ["TFM_COMPILATION_CACHE"] = ""
 
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
 from tfm import ModelConfig  # noqa: E402
 
 TINY_MODEL = dict(num_layers=2, d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8, dropout_rate=0.0)
@@ -40,3 +43,12 @@ def fresh_model_config(vocab_size: int = 40, **changes) -> ModelConfig:
     whatever ran before it in the session."""
     epsilon = 1e-6 * (1 + next(_FRESH) / 1024)
     return tiny_model_config(vocab_size, layer_norm_epsilon=epsilon, **changes)
+
+
+def largest_difference(tree_a, tree_b) -> float:
+    """max |a - b| over every leaf of two trees of the same structure (e.g. two sets of
+    parameters), read to the host."""
+    return max(
+        float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+        for a, b in zip(jax.tree.leaves(tree_a), jax.tree.leaves(tree_b), strict=True)
+    )

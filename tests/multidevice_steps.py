@@ -11,7 +11,7 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + (
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from conftest import tiny_model_config  # noqa: E402  (run as a script from tests/)
+from conftest import largest_difference, tiny_model_config  # noqa: E402  (run as a script from tests/)
 
 from tfm import Transformer, training  # noqa: E402
 from tfm.job import parallel  # noqa: E402
@@ -56,14 +56,7 @@ def main():
             new_state, _ = jax.jit(
                 step, in_shardings=(shardings, None), out_shardings=(shardings, None)
             )(state, placed)
-            diff = max(
-                float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-                for a, b in zip(
-                    jax.tree.leaves(jax.device_get(new_state.params)),
-                    jax.tree.leaves(single),
-                    strict=True,
-                )
-            )
+            diff = largest_difference(jax.device_get(new_state.params), single)
             results[f"{strategy}_dropout{dropout}"] = dict(
                 max_abs_diff=diff, sharded_leaves=sharded_leaves
             )
@@ -81,10 +74,7 @@ def main():
             )
             new_state, _ = pmapped(state, parallel.split_for_pmap(example, 8))
             params = jax.device_get(jax.tree.map(lambda x: x[0], new_state.params))
-            diff = max(
-                float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-                for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(single), strict=True)
-            )
+            diff = largest_difference(params, single)
             results["pmap_dropout0.0"] = dict(max_abs_diff=diff)
     print(json.dumps(results))
 

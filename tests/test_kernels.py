@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.conftest import tiny_model_config
+from tests.conftest import largest_difference, tiny_model_config
 from tfm import Transformer, kernels, training
 from tfm.inference import decoding
 from tfm.job import checkpoint as ckpt
@@ -209,12 +209,7 @@ def test_a_checkpoint_written_under_one_setting_continues_under_the_other(tmp_pa
     # The two settings round differently, and how much depends on the CPU's code generation
     # (~1e-6 after this step on an AVX-512 host): bound the difference by the step's own size,
     # which a wrongly restored moment or step count would change by its whole order.
-    step_size = max(
-        float(np.max(np.abs(after - before)))
-        for after, before in zip(
-            jax.tree.leaves(on_kit.params), jax.tree.leaves(state.params), strict=True
-        )
-    )
+    step_size = largest_difference(on_kit.params, state.params)
     assert step_size > 1e-4
     for ref, kit in zip(
         jax.tree.leaves(on_reference.params), jax.tree.leaves(on_kit.params), strict=True
