@@ -552,6 +552,29 @@ def test_core_hours_scale_partly_measured_runs_and_say_so():
     )
 
 
+def test_the_cost_table_lists_each_run_by_host_in_core_hours():
+    def summary(seed, cpu, costed, by_host):
+        return dict(
+            seed=seed,
+            cpu_seconds=cpu,
+            steps_costed=costed,
+            cpu_seconds_by_host=by_host,
+            settings=dict(train_steps=18000),
+        )
+
+    table = table3_text.cost_table(
+        {
+            "base": [summary(1, None, None, {}), summary(0, 9000, 18000, {"Xeon": 9000})],
+            "big": [summary(0, 5400, 12000, {"Xeon": 1800, "EPYC": 3600})],
+        }
+    )
+    assert table.splitlines()[2:] == [
+        "| base seed 0 | 18,000 of 18,000 | 2.50 on Xeon |",
+        "| base seed 1 | — | no cost ledger |",
+        "| big seed 0 | 12,000 of 18,000 | 1.00 on EPYC; 0.50 on Xeon |",
+    ]
+
+
 def test_a_runs_cost_is_split_by_the_cpu_each_invocation_ran_on(tmp_path):
     entries = [
         dict(cpu_seconds=100.0, host="Xeon A", from_step=0, to_step=40),
@@ -618,6 +641,7 @@ def test_a_two_row_sweep_writes_the_table_and_a_second_run_trains_nothing(tmp_pa
         assert 0 < entry["cpu_seconds"] and entry["cores"] and entry["host"]
     assert table["core_hours"]["runs"] == 3 and table["core_hours"]["runs_without_ledger"] == 0
     assert "core-hours of CPU time measured over 3 runs" in (sweep / "table3.md").read_text()
+    assert "| E seed 0 | 8 of 8 | " in (sweep / "table3.md").read_text()
     assert (sweep / "table3.png").stat().st_size > 10_000
     checkpoints = sorted(p.stat().st_mtime_ns for p in sweep.glob("runs/*/*/checkpoints/*"))
 

@@ -92,7 +92,8 @@ def collect(sweep: Sweep) -> dict:
         table3_text.markdown(rows, findings, title, floor, agreement)
         + "\n"
         + table3_text.cost_line(table["core_hours"], table["hosts"])
-        + "\n"
+        + "\n\n"
+        + table3_text.cost_table(table["runs"])
     )
     table3_figure.figure(rows, sweep.root / "table3.png", title)
     return table

@@ -27,6 +27,27 @@ def cost_line(hours: dict, hosts: list[str] = ()) -> str:
     return line + (f" Hosts: {'; '.join(named)}." if named else "")
 
 
+def cost_table(runs: dict[str, list[dict]]) -> str:
+    """Each run's measured cost: the steps its ledger covers and the core-hours it spent on each
+    CPU model (a run resumed on another machine lists both), in the table's row order."""
+    lines = [
+        "| run | steps measured | core-hours measured (by host CPU) |",
+        "|---|---|---|",
+    ]
+    for row, summaries in runs.items():
+        for s in sorted(summaries, key=lambda s: s["seed"]):
+            if s["cpu_seconds"] is None:
+                spent, steps = "no cost ledger", "—"
+            else:
+                spent = "; ".join(
+                    f"{seconds / 3600:.2f} on {host}"
+                    for host, seconds in sorted(s["cpu_seconds_by_host"].items())
+                )
+                steps = f"{s['steps_costed']:,} of {s['settings']['train_steps']:,}"
+            lines.append(f"| {row} seed {s['seed']} | {steps} | {spent} |")
+    return "\n".join(lines) + "\n"
+
+
 METRIC_NAMES = {
     "dev_tokenized_bleu": "tok. BLEU",
     "dev_sacrebleu": "sacreBLEU",
