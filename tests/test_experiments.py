@@ -16,6 +16,7 @@ from tests import bounded
 from tests.e2e_corpus import write_corpus
 from tfm.config import table3
 from tfm.experiments import slurm, table3_report, table3_text
+from tfm.experiments.__main__ import main as experiments_main
 from tfm.experiments.ledger import cost
 from tfm.experiments.sweep import Run, Settings, Sweep, SweepError, parse_rows, plan
 
@@ -141,6 +142,19 @@ def test_a_sweep_refuses_other_settings_naming_the_key(tmp_path):
         Sweep(tmp_path, Settings("paper", "data", first.overrides), ROOT).claim()
     with pytest.raises(SweepError, match="--config.KEY=VALUE"):
         Settings("miniature", "data", ("num_train_steps=5",))
+
+
+def test_collect_names_each_unfinished_run_and_its_newest_checkpoint(tmp_path, capsys):
+    Sweep(tmp_path, Settings("miniature", "data", ()), ROOT).claim()
+    for step in ("1000", "1351", "tmp-1500"):  # a checkpoint being written is not one yet
+        (tmp_path / "runs" / "big" / "seed0" / "checkpoints" / step).mkdir(parents=True)
+    # no finished run: no rows, exit code 1
+    assert experiments_main(["collect", "--workdir", str(tmp_path)]) == 1
+    said = capsys.readouterr().err
+    assert (
+        f"{tmp_path / 'runs' / 'big' / 'seed0'}: not finished (newest checkpoint: step 1351), "
+        "left out of the table"
+    ) in said
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,11 @@ def collect(sweep: Sweep) -> dict:
         workdir = sweep.workdir(run)
         result = sweep.finished(run)
         if result is None:
-            print(f"{workdir}: not finished, left out of the table", file=sys.stderr)
+            print(
+                f"{workdir}: not finished (newest checkpoint: step {sweep.last_checkpoint(run)}), "
+                "left out of the table",
+                file=sys.stderr,
+            )
             continue
         seen_data.append((workdir / "results.json", data_identity(result["data"])))
         summary = table3_report.run_summary(result, perplexity_curve(workdir), cost(workdir))
