@@ -197,6 +197,28 @@ def test_one_program_per_shape():
     assert decoding.greedy_search._cache_size() == before
 
 
+def test_one_beam_program_serves_every_alpha():
+    """alpha is traced: tuning it (section 6.1) compiles nothing new, and each alpha's scores
+    are still its hypotheses' teacher-forced log-probs over ((5 + |Y|) / 6)^alpha."""
+    model, params = _model(7)
+    common = dict(beam_size=2, eos_id=_emitted_token(model, params, 0, 2), extra_length=5)
+    found = {0.6: decoding.beam_search(model, params, SRC, alpha=0.6, **common)}
+    before = decoding.beam_search._cache_size()
+    for alpha in (0.0, 1.0, -0.5):
+        found[alpha] = decoding.beam_search(model, params, SRC, alpha=alpha, **common)
+    assert decoding.beam_search._cache_size() == before
+    for alpha, result in found.items():
+        ids = np.asarray(result.ids)
+        tgt_in = np.concatenate([np.full((3, 1), BOS_ID), ids[:, :-1]], axis=1)
+        log_probs = np.asarray(jax.nn.log_softmax(model.apply({"params": params}, SRC, tgt_in)))
+        chosen = np.take_along_axis(log_probs, ids[..., None], -1)[..., 0]
+        for row, length in enumerate(np.asarray(result.lengths)):
+            penalty = ((5 + length) / 6) ** alpha
+            np.testing.assert_allclose(
+                result.scores[row], chosen[row, :length].sum() / penalty, atol=1e-4
+            )
+
+
 @pytest.mark.parametrize("search", ["greedy", "beam"])
 def test_rows_of_padding_are_finished_from_the_start(search):
     """Rows that only fill a batch generate nothing, and do not keep the loop running."""

@@ -56,7 +56,8 @@ def test_streamed_results_equal_beam_search_sentence_by_sentence(setup, which_eo
 
 def test_one_program_however_many_blocks(setup):
     """The slots a block leaves are the next block's input: their types match the first call's
-    (a weakly typed score array once made every second block compile the program again)."""
+    (a weakly typed score array once made every second block compile the program again); and
+    another alpha runs the same program."""
     model, params, sources, _, eos_ids = setup
     model = model.clone(config=fresh_model_config(40, max_positions=128))  # compiled anew
     settings = slots.StreamSettings(
@@ -67,6 +68,8 @@ def test_one_program_however_many_blocks(setup):
     slots.search_stream(model, params, sources, settings, progress=left.append)  # 6 blocks
     assert slots.stream._cache_size() - before == 1
     assert len(left) == 6 and sum(left) == len(sources)  # reported block by block
+    slots.search_stream(model, params, sources, settings._replace(alpha=1.0))  # alpha is traced
+    assert slots.stream._cache_size() - before == 1
 
 
 def test_a_second_search_of_a_bucket_traces_nothing(setup, monkeypatch):

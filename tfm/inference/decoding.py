@@ -206,7 +206,6 @@ def sample(
     static_argnames=(
         "model",
         "beam_size",
-        "alpha",
         "eos_id",
         "extra_length",
         "chunk",
@@ -231,8 +230,9 @@ def beam_search(
     50) over `[batch, src_len]` source ids; see `search_beams`.
 
     Returns a `BeamSearchResult` (best hypothesis first); `settle="beams"` when all its kept
-    hypotheses (`beams`) must be the k best, not only the first. Other arguments, `max_steps`
-    too, as `greedy_search`.
+    hypotheses (`beams`) must be the k best, not only the first. `alpha` is traced, so tuning it
+    on the development set (as section 6.1 did) compiles the search once. Other arguments,
+    `max_steps` too, as `greedy_search`.
     """
     longest = longest_output(model, chunk)
     steps = min(positions_allocated(src.shape[1], extra_length, chunk, max_steps), longest)

@@ -56,7 +56,7 @@ class BeamSearchResult(SearchResult):
     beam_scores: Array = None
 
 
-def length_penalty(length: Array, alpha: float) -> Array:
+def length_penalty(length: Array, alpha: float | Array) -> Array:
     """GNMT length penalty lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016), used by section 6.1."""
     return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha
 
@@ -294,7 +294,7 @@ def beam_search_step(
     state: BeamState,
     i: Array,
     max_lengths: Array,
-    alpha: float,
+    alpha: float | Array,
     eos_id: int | None,
     settle: str = "best",
 ) -> BeamState:
@@ -339,10 +339,10 @@ def beam_search_step(
     finished_lengths = jnp.take_along_axis(all_lengths, finished_pick, axis=1)
 
     # the best an alive beam can still reach: its log-prob can only fall, and the penalty is
-    # largest at the sentence's length limit (alpha >= 0)
-    best_reachable = alive_log_probs[:, 0] / length_penalty(max_lengths, alpha)  # [b]
-    if alpha < 0:
-        best_reachable = alive_log_probs[:, 0] / length_penalty(length + 1, alpha)
+    # largest at the sentence's length limit when alpha >= 0, at its next length when alpha < 0
+    # (alpha may be traced: one program serves every alpha)
+    reach = jnp.where(alpha < 0, length + 1, max_lengths)  # [b]
+    best_reachable = alive_log_probs[:, 0] / length_penalty(reach, alpha)  # [b]
     settled = finished_scores[:, 0] if settle == "best" else finished_scores[:, -1]
     done_now = (settled >= best_reachable) | (length >= max_lengths)
 

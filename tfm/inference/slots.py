@@ -115,7 +115,7 @@ def _slot_shapes(
     return jax.eval_shape(slots_shape, params, src)
 
 
-def _step(step_fn, slots: Slots, alpha: float, eos_id: int | None) -> Slots:
+def _step(step_fn, slots: Slots, alpha: float | Array, eos_id: int | None) -> Slots:
     """One beam-search step of every slot, each at its own position."""
     max_steps = slots.beams.alive_ids.shape[2]
     beams = beam_search_step(step_fn, slots.beams, slots.steps, slots.max_lengths, alpha, eos_id)
@@ -226,7 +226,7 @@ _STEPS_PER_ITERATION = 2
 
 @cpu_tuned_jit(
     DECODING_CPU_OPTIONS,
-    static_argnames=("model", "alpha", "eos_id", "extra_length"),
+    static_argnames=("model", "eos_id", "extra_length"),
     donate_argnums=2,
 )
 def stream(
@@ -306,7 +306,8 @@ def _stream(
 
 
 class StreamSettings(NamedTuple):
-    """What fixes the compiled program of `stream`, besides the model."""
+    """What `stream` is called with, besides the model: all but `alpha` (traced) fix its
+    compiled program."""
 
     rows: int
     src_len: int
