@@ -604,6 +604,7 @@ def test_a_runs_cost_is_split_by_the_cpu_each_invocation_ran_on(tmp_path):
     )
 
 
+@pytest.mark.slow  # three train.py runs, two at a time, then two read-backs (~1.5 min)
 def test_a_two_row_sweep_writes_the_table_and_a_second_run_trains_nothing(tmp_path):
     source, target = write_corpus(tmp_path / "corpus", pairs=800)
     args = [
