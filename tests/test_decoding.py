@@ -21,6 +21,14 @@ def _model(seed=0, vocab_size=40, **changes):
     return model, params
 
 
+def _teacher_forced_log_probs(model, params, ids):
+    """`[batch, length, vocab]` log-probs of the model fed `ids` shifted right behind BOS, and
+    `[batch, length]` those of `ids` themselves."""
+    tgt_in = np.concatenate([np.full((ids.shape[0], 1), BOS_ID), ids[:, :-1]], axis=1)
+    log_probs = np.asarray(jax.nn.log_softmax(model.apply({"params": params}, SRC, tgt_in)))
+    return log_probs, np.take_along_axis(log_probs, ids[..., None], -1)[..., 0]
+
+
 def _emitted_token(model, params, row, step):
     """A token greedy search emits at `step` of `row` (used as a stand-in EOS id)."""
     result = decoding.greedy_search(model, params, SRC, eos_id=None, extra_length=6)
@@ -43,9 +51,7 @@ def test_greedy_scores_are_teacher_forced_log_probs():
     model, params = _model(1)
     result = decoding.greedy_search(model, params, SRC, eos_id=None, extra_length=4)
     ids = np.asarray(result.ids)
-    tgt_in = np.concatenate([np.full((3, 1), BOS_ID), ids[:, :-1]], axis=1)
-    log_probs = jax.nn.log_softmax(model.apply({"params": params}, SRC, tgt_in))
-    chosen = np.take_along_axis(np.asarray(log_probs), ids[..., None], -1)[..., 0]
+    log_probs, chosen = _teacher_forced_log_probs(model, params, ids)
     for row, length in enumerate(np.asarray(result.lengths)):
         # greedy picks the arg-max of the teacher-forced distribution at every step
         np.testing.assert_array_equal(ids[row, :length], np.argmax(log_probs, -1)[row, :length])
@@ -209,9 +215,7 @@ def test_one_beam_program_serves_every_alpha():
     assert decoding.beam_search._cache_size() == before
     for alpha, result in found.items():
         ids = np.asarray(result.ids)
-        tgt_in = np.concatenate([np.full((3, 1), BOS_ID), ids[:, :-1]], axis=1)
-        log_probs = np.asarray(jax.nn.log_softmax(model.apply({"params": params}, SRC, tgt_in)))
-        chosen = np.take_along_axis(log_probs, ids[..., None], -1)[..., 0]
+        _, chosen = _teacher_forced_log_probs(model, params, ids)
         for row, length in enumerate(np.asarray(result.lengths)):
             penalty = ((5 + length) / 6) ** alpha
             np.testing.assert_allclose(
