@@ -237,7 +237,7 @@ def stream(
     sentence: Array,
     run_to_end: Array,
     *,
-    alpha: float,
+    alpha: float | Array,
     eos_id: int | None,
     extra_length: int,
 ) -> tuple[Slots, Settled]:
@@ -259,7 +259,7 @@ def _stream(
     sentence: Array,
     run_to_end: Array,
     *,
-    alpha: float,
+    alpha: float | Array,
     eos_id: int | None,
     extra_length: int,
 ) -> tuple[Slots, Settled]:
