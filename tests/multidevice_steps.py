@@ -31,7 +31,12 @@ def main():
     for dropout in (0.0, 0.1):
         config = tiny_model_config(64, dropout_rate=dropout)
         model = Transformer(config)
-        optimizer = training.make_optimizer(training.TrainConfig(warmup_steps=10), 32)
+        # Adam's first step moves a parameter by lr * g / (|g| + eps): with the paper's eps 1e-9
+        # a gradient within ~1e-8 of zero (summands ~1e-3 that cancel) turns the summation
+        # order's rounding into a change of up to 2 lr. eps 1e-3 bounds that amplification by
+        # lr / eps, so the steps can be compared to float32 rounding of the parameters.
+        train_config = training.TrainConfig(warmup_steps=10, adam_eps=1e-3)
+        optimizer = training.make_optimizer(train_config, 32)
         example = batch()
 
         def init(rng, model=model, optimizer=optimizer, example=example):
