@@ -20,8 +20,8 @@ import math
 import pathlib
 import sys
 
-if __name__ == "__main__":  # first thing, and only when asked: see tfm/xla_cpu/host_memory.py
-    from tfm.xla_cpu import host_memory
+if __name__ == "__main__":  # first thing, and only when asked: see tfm/cpu_host/host_memory.py
+    from tfm.cpu_host import host_memory
 
     host_memory.restart_if_asked("--huge_page_malloc")
 
@@ -100,9 +100,9 @@ def _parser() -> argparse.ArgumentParser:
         "--kernels",
         choices=("auto", "reference", "xla_cpu"),
         default="auto",
-        help="the operations a backend kit may replace (tfm.kernels): the XLA:CPU kit on the CPU "
-        "and Flax's and JAX's own ops elsewhere (auto), or one of them everywhere; translations "
-        "do not depend on it",
+        help="the operations a backend kit may replace (tfm.implementation): the XLA:CPU kit on "
+        "the CPU and Flax's and JAX's own ops elsewhere (auto), or one of them everywhere; "
+        "translations do not depend on it",
     )
     parser.add_argument(
         "--huge_page_malloc",

@@ -11,8 +11,8 @@ import pathlib
 import re
 import sys
 
-if __name__ == "__main__":  # first thing, and only when asked: see tfm/xla_cpu/host_memory.py
-    from tfm.xla_cpu import host_memory
+if __name__ == "__main__":  # first thing, and only when asked: see tfm/cpu_host/host_memory.py
+    from tfm.cpu_host import host_memory
 
     host_memory.restart_if_asked("--huge_page_malloc")
 

@@ -42,7 +42,7 @@ if HERE not in sys.path:
 from goals import judged as judged_goals  # noqa: E402
 from peers.workloads import WORKLOADS, Workload, agreement, forward_flops  # noqa: E402
 
-from tfm.xla_cpu import host_memory  # noqa: E402
+from tfm.cpu_host import host_memory  # noqa: E402
 
 # system -> (worker process, module, constructor options)
 SYSTEMS = {
@@ -358,7 +358,7 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="run every worker with glibc.malloc.hugetlb=1, as train.py and decode.py run "
-        "with --huge_page_malloc (tfm/xla_cpu/host_memory.py); --no-malloc_huge_pages: "
+        "with --huge_page_malloc (tfm/cpu_host/host_memory.py); --no-malloc_huge_pages: "
         "glibc's defaults for every worker",
     )
     parser.add_argument("--out", help="also write the JSON to this file")

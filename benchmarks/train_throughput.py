@@ -8,8 +8,8 @@ layer; embeddings lookups, softmax and LayerNorm are not counted.
     python benchmarks/train_throughput.py [--shapes small base] [--steps 5] [--dtype float32]
         [--kernels auto|reference|xla_cpu]
 
-`--kernels` picks the ops (tfm.kernels): run it once per setting to see what a backend kit buys
-on this machine; `mini` is the Table 3 miniature's base (configs/table3_mini.py) at its packed
+`--kernels` picks the ops (tfm.implementation): run it once per setting to see what a backend kit
+buys on this machine; `mini` is the Table 3 miniature's base (configs/table3_mini.py) at its packed
 2,048-token batch.
 """
 
@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfm import ModelConfig, Transformer, training
+from tfm.implementation import KERNELS
 from tfm.job.host import cpu_model
-from tfm.kernels import KERNELS
 
 SHAPES = {
     # name: (model, batch rows, source length, target length)

@@ -254,7 +254,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from tfm.xla_cpu import host_memory
+    from tfm.cpu_host import host_memory
 
     host_memory.restart_with_huge_page_malloc()  # as decode.py runs: tfm/host_memory.py
     main()

@@ -48,7 +48,7 @@ def base_config() -> ml_collections.ConfigDict:
     # off) with this beam (1 = greedy; alpha and extra length as config.decode) and log sacreBLEU
     config.eval_bleu_every_steps = 0
     config.eval_bleu_beam_size = 1
-    # the operations a backend kit may replace (tfm.kernels): "auto" (the XLA:CPU kit where a
+    # the operations a backend kit may replace (tfm.implementation): "auto" (the XLA:CPU kit where a
     # program runs on the CPU, Flax's and JAX's own ops elsewhere) | "reference" | "xla_cpu"; not
     # part of the model, so a run may resume with another setting
     config.kernels = "auto"
@@ -67,7 +67,7 @@ def base_config() -> ml_collections.ConfigDict:
             extra_length=defaults.extra_length,
             # None: tfm.inference.translate.default_batch_tokens() for the backend decoding runs on
             batch_tokens=config_dict.placeholder(int),
-            # None: tfm.xla_cpu.side_by_side.default_parts(): searches side by side (beam: streams
+            # None: tfm.cpu_host.side_by_side.default_parts(): searches side by side (beam: streams
             # per bucket; greedy: a bucket's batches)
             streams=config_dict.placeholder(int),
             average_last=5,

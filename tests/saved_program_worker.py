@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tfm import compilation_cache
-from tfm.xla_cpu.backend_jit import CpuTunedJit
+from tfm.cpu_host.backend_jit import CpuTunedJit
 
 traces: list[int] = []
 

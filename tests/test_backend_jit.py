@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tfm.cpu_host.backend_jit import DECODING_CPU_OPTIONS, CpuTunedJit, cpu_tuned_jit
 from tfm.inference import decoding, slots
-from tfm.xla_cpu.backend_jit import DECODING_CPU_OPTIONS, CpuTunedJit, cpu_tuned_jit
 
 
 def _scaled(x, factor):

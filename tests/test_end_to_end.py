@@ -16,8 +16,8 @@ import pytest
 from tests import bounded
 from tests.e2e_corpus import write_corpus
 from tests.subprocess_json import run_in_repo
+from tfm.cpu_host import saved_programs
 from tfm.job.checkpoint import Checkpointer
-from tfm.xla_cpu import saved_programs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

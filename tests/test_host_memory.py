@@ -1,4 +1,4 @@
-"""tfm.xla_cpu.host_memory: a process restarted with glibc's huge-page malloc faults in a train
+"""tfm.cpu_host.host_memory: a process restarted with glibc's huge-page malloc faults in a train
 step's scratch buffer in 2 MiB pages instead of 4 KiB ones (counted by the kernel: minor page
 faults), without holding more memory than glibc's defaults; memory freed into the heap can be handed
 back to the system."""
@@ -13,12 +13,12 @@ import textwrap
 import pytest
 
 from tests.subprocess_json import ROOT, last_json_line
-from tfm.xla_cpu import host_memory
+from tfm.cpu_host import host_memory
 
 PROGRAM = textwrap.dedent(
     """
     import json, os, resource, sys
-    from tfm.xla_cpu import host_memory
+    from tfm.cpu_host import host_memory
     if sys.argv[1] == "huge_pages":
         host_memory.restart_with_huge_page_malloc()
     import functools
@@ -161,7 +161,7 @@ ASKING = textwrap.dedent(
     import json, os, sys
     if sys.argv[1] == "notebook":
         sys.modules["IPython"] = type(sys)("IPython")  # as inside a Jupyter kernel's %run
-    from tfm.xla_cpu import host_memory
+    from tfm.cpu_host import host_memory
     host_memory.restart_if_asked("--huge_page_malloc", sys.argv[2:])
     with open("/proc/self/environ", "rb") as environ:  # what this process started with
         started = [v.decode() for v in environ.read().split(b"\\0") if v]

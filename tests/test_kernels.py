@@ -1,4 +1,5 @@
-"""tfm.kernels: the reference (Flax's and JAX's own ops) and the XLA:CPU kit are one function.
+"""tfm.implementation: the reference (Flax's and JAX's own ops) and the XLA:CPU kit are one
+function.
 
 Both settings are forced on this CPU host ("reference" and "xla_cpu"), over a covering set of the
 model's variants (every pair of post/pre-LN x float32/bfloat16 x sinusoidal/learned positions x
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import largest_difference, tiny_model_config
-from tfm import Transformer, kernels, training
+from tfm import Transformer, implementation, training
 from tfm.inference import decoding
 from tfm.job import checkpoint as ckpt
 
@@ -266,9 +267,9 @@ def test_an_unknown_setting_is_refused_naming_the_choices():
         Transformer(tiny_model_config(), kernels="cuda").init(
             jax.random.key(0), jnp.ones((1, 2), jnp.int32), jnp.ones((1, 2), jnp.int32)
         )
-    assert kernels.ops_for("reference").LayerNorm is nn.LayerNorm
-    assert kernels.ops_for("reference").Dropout is nn.Dropout
-    assert kernels.ops_for("reference").relu is jax.nn.relu
+    assert implementation.resolve("reference").LayerNorm is nn.LayerNorm
+    assert implementation.resolve("reference").Dropout is nn.Dropout
+    assert implementation.resolve("reference").relu is jax.nn.relu
 
 
 # what only wraps or calls code, not what it computes: "auto" adds a one-branch case around a

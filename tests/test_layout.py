@@ -1,6 +1,6 @@
-"""The package's shape: the paper core never imports the XLA:CPU kit (only `tfm.kernels` loads
-it, when a setting asks), no module imports itself back through others, none grows past ~450
-lines. Read statically from the source, so nothing is imported to check it."""
+"""The package's shape: the paper core never imports the XLA:CPU kit (only `tfm.implementation`
+loads it, when a setting asks), no module imports itself back through others, none grows past
+~450 lines. Read statically from the source, so nothing is imported to check it."""
 
 import ast
 import pathlib
@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "tfm"
-CORE = ("attention", "config", "layers", "loss", "model", "ops", "training", "tokens")
+CORE = ("attention", "cache", "config", "layers", "loss", "model", "training", "tokens")
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -37,6 +37,20 @@ def _imports(path: pathlib.Path) -> set[str]:
 def test_the_paper_core_never_imports_the_kit(module):
     imported = _imports(MODULES[f"tfm.{module}"])
     assert not [name for name in imported if name.startswith("tfm.xla_cpu")], imported
+
+
+def test_only_the_choice_module_imports_the_kit():
+    """Inference, the job and every other module reach the kit's op forms through
+    `tfm.implementation` alone (the kit's own modules import each other)."""
+    importers = {
+        name
+        for name, path in MODULES.items()
+        if not name.startswith("tfm.xla_cpu")
+        and any(target.startswith("tfm.xla_cpu") for target in _imports(path))
+    }
+    assert importers == {"tfm.implementation"}
+    assert any(name.startswith("tfm.inference.") for name in MODULES)
+    assert any(name.startswith("tfm.job.") for name in MODULES)
 
 
 def test_no_import_cycles():

@@ -10,7 +10,7 @@ import pytest
 
 from tests.subprocess_json import ROOT, last_json_line
 from tfm import compilation_cache
-from tfm.xla_cpu import saved_programs
+from tfm.cpu_host import saved_programs
 
 CALLING_THE_JOB = """
 import json, os, sys

@@ -1,4 +1,4 @@
-"""tfm.xla_cpu.saved_programs: a decoding program compiled in one process is loaded, untraced, by
+"""tfm.cpu_host.saved_programs: a decoding program compiled in one process is loaded, untraced, by
 the next, and only when everything it was traced from is the same."""
 
 import warnings
@@ -10,10 +10,10 @@ import pytest
 
 from tests.conftest import tiny_model_config
 from tests.subprocess_json import run_python
+from tfm.cpu_host import saved_programs
+from tfm.cpu_host.backend_jit import CpuTunedJit
 from tfm.inference import slots, translate
 from tfm.model import Transformer
-from tfm.xla_cpu import saved_programs
-from tfm.xla_cpu.backend_jit import CpuTunedJit
 
 
 class _Counted:

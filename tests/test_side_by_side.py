@@ -1,4 +1,4 @@
-"""tfm.xla_cpu.side_by_side: searches run at once on threads, and a batch searched in parts gives
+"""tfm.cpu_host.side_by_side: searches run at once on threads, and a batch searched in parts gives
 each row the result of the one search over the whole batch."""
 
 import threading
@@ -9,8 +9,8 @@ import pytest
 
 from tests.conftest import tiny_model_config
 from tfm import Transformer
+from tfm.cpu_host import side_by_side
 from tfm.inference import decoding
-from tfm.xla_cpu import side_by_side
 
 
 @pytest.fixture(scope="module")

@@ -109,7 +109,7 @@ def test_translations_do_not_depend_on_the_batch_size(beam_size, monkeypatch):
     side by side, give the same outputs: filler rows, batch boundaries and the sentences that
     share a stream (beam search) or run beside each other in batches (greedy) never leak into a
     sentence's search."""
-    from tfm.xla_cpu import side_by_side
+    from tfm.cpu_host import side_by_side
 
     jobs_at_once = []
     original = side_by_side.run_side_by_side

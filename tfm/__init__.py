@@ -1,11 +1,12 @@
 """tfm: the Transformer of "Attention Is All You Need" (Vaswani et al., 2017) in JAX/Flax.
 
-Layout: the paper core at the top (config, attention, layers, model, loss, training; kernels
-chooses the operations a backend kit may replace), `tfm.inference` (searches, decoding,
-continuous batching, translation), `tfm.job` (the training job: trainer, steps, parallelism,
-checkpoints, workdir), `tfm.data`, `tfm.export`, `tfm.experiments`, and `tfm.xla_cpu` (the
-XLA:CPU kit). The names below load on first use, so `import tfm.data` (what prepare's worker
-processes run) does not import JAX.
+Layout: the paper core at the top (config, attention, layers, model, cache, loss, training;
+implementation chooses the operations a backend kit may replace), `tfm.inference` (searches,
+decoding, continuous batching, translation), `tfm.job` (the training job: trainer, steps,
+parallelism, checkpoints, workdir), `tfm.data`, `tfm.export`, `tfm.experiments`, `tfm.xla_cpu`
+(the XLA:CPU kit's op forms) and `tfm.cpu_host` (tooling for jobs on a CPU host). The names
+below load on first use, so `import tfm.data` (what prepare's worker processes run) does not
+import JAX.
 """
 
 import importlib
@@ -14,15 +15,15 @@ _EXPORTS = {
     "attention": ("tfm.attention", None),
     "config": ("tfm.config", None),
     "decoding": ("tfm.inference.decoding", None),
-    "kernels": ("tfm.kernels", None),
+    "implementation": ("tfm.implementation", None),
     "layers": ("tfm.layers", None),
     "loss": ("tfm.loss", None),
     "training": ("tfm.training", None),
     "ModelConfig": ("tfm.config", "ModelConfig"),
     "Preset": ("tfm.config", "Preset"),
     "Transformer": ("tfm.model", "Transformer"),
-    "DecodeCache": ("tfm.model", "DecodeCache"),
-    "LayerCache": ("tfm.model", "LayerCache"),
+    "DecodeCache": ("tfm.cache", "DecodeCache"),
+    "LayerCache": ("tfm.cache", "LayerCache"),
     "PAD_ID": ("tfm.model", "PAD_ID"),
 }
 __all__ = list(_EXPORTS)

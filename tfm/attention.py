@@ -67,7 +67,7 @@ def attention_weights(
     softmax: Callable[[Array, Array], Array] = masked_softmax,
 ) -> Array:
     """softmax(Q K^T / sqrt(d_k)) of Eq. 1, `[batch, heads, q_len, kv_len]`, always float32.
-    `softmax` is `masked_softmax` or a kit's equal of it (`tfm.kernels`)."""
+    `softmax` is `masked_softmax` or a kit's equal of it (`tfm.implementation`)."""
     d_k = q.shape[-1]
     logits = jnp.einsum(
         f"bqhd,{_kv_axes(kv_layout)}->bhqk", q, k, preferred_element_type=jnp.float32

@@ -1,6 +1,6 @@
 """JAX's persistent compilation cache, so that a second run of the same program (decode.py on
 the same model, train.py resuming) loads its compiled XLA programs instead of compiling them.
-With it on, the decoding programs are also saved compiled under it (`tfm.xla_cpu.saved_programs`),
+With it on, the decoding programs are also saved compiled under it (`tfm.cpu_host.saved_programs`),
 and a second run loads those without tracing them."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pathlib
 
 import jax
 
-from tfm.xla_cpu import saved_programs
+from tfm.cpu_host import saved_programs
 
 
 def default_directory() -> str:
@@ -27,7 +27,7 @@ def enable(directory: str | None) -> None:
     used."""
     if not directory:
         return
-    # the decoding programs tfm saves compiled go here too (`tfm.xla_cpu.saved_programs`)
+    # the decoding programs tfm saves compiled go here too (`tfm.cpu_host.saved_programs`)
     (pathlib.Path(directory) / saved_programs.SUBDIRECTORY).mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", directory)
     # the decoders' programs compile in well under JAX's default 1 s threshold, and there are

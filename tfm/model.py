@@ -1,20 +1,22 @@
 """The Transformer (section 3, Figure 1): teacher-forced training pass and incremental decoding.
 
-Incremental decoding uses an explicit cache value (`DecodeCache`), not a mutable Flax collection:
-`init_cache` computes every decoder layer's cross-attention K/V once from the encoder output and
-allocates empty self-attention K/V; `decode_step` takes the cache and returns a new one, so a
-`lax.scan` can carry it.
+Incremental decoding uses an explicit cache value (`tfm.cache.DecodeCache`), not a mutable Flax
+collection: `init_cache` computes every decoder layer's cross-attention K/V once from the encoder
+output and allocates empty self-attention K/V; `decode_step` takes the cache and returns a new
+one, so a `lax.scan` can carry it.
 """
 
 from __future__ import annotations
 
+import inspect
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 from tfm import attention as attn
-from tfm import kernels as kernels_lib
+from tfm import implementation
+from tfm.cache import DecodeCache, LayerCache
 from tfm.config import ModelConfig
 from tfm.layers import (
     DecoderLayer,
@@ -22,6 +24,7 @@ from tfm.layers import (
     LearnedPositions,
     SharedEmbedding,
     compute_dtype,
+    normalization,
     position_ids,
     sinusoidal_encoding,
 )
@@ -30,54 +33,13 @@ from tfm.tokens import PAD_ID
 Array = jax.Array
 
 
-@struct.dataclass
-class LayerCache:
-    """One decoder layer's attention state during incremental decoding.
-
-    Heads first, so each step's per-head products read them without a transpose:
-    self_k: `[batch, heads, max_steps, d_k]`, self_v: `[batch, heads, max_steps, d_v]` — the
-    decoder's own keys/values, written one position per step (a row per beam in beam search).
-    cross_k: `[sentences, heads, src_len, d_k]`, cross_v: `[sentences, heads, src_len, d_v]` —
-    this layer's projection of the final encoder output, computed once per sentence.
-    """
-
-    self_k: Array
-    self_v: Array
-    cross_k: Array
-    cross_v: Array
-
-
-@struct.dataclass
-class DecodeCache:
-    """Everything `decode_step` needs besides parameters: per-layer caches and `[batch, src_len]`
-    source validity (True for real tokens), which masks padded source positions. Self-attention
-    K/V have a row per decoded hypothesis (`[batch * beams]`), cross-attention K/V and the source
-    mask one per sentence."""
-
-    layers: tuple[LayerCache, ...]
-    src_valid: Array
-
-    @property
-    def max_steps(self) -> int:
-        """Decoder positions the self-attention caches hold."""
-        return self.layers[0].self_k.shape[2]
-
-    def reorder_beams(self, rows: Array) -> DecodeCache:
-        """Beam search's reorder: new row r is old row `rows[r]` (`[batch * beam]` flat rows).
-
-        Rows move only within one sentence's beams, so the sentence-constant parts
-        (cross-attention K/V, source mask) stay as they are; each self-attention K/V is one
-        gather of contiguous `[heads, max_steps, d]` blocks, which XLA lowers to row copies.
-        """
-
-        def gather(x: Array) -> Array:
-            return x.at[rows].get(mode="promise_in_bounds")
-
-        layers = tuple(
-            layer.replace(self_k=gather(layer.self_k), self_v=gather(layer.self_v))
-            for layer in self.layers
-        )
-        return self.replace(layers=layers)
+def _rematerialized(layer_cls: type[nn.Module]) -> type[nn.Module]:
+    """`layer_cls` recomputing its activations in the backward pass (`nn.remat`), with its
+    `deterministic` argument static (a Python bool), found by name so that it cannot drift when
+    the call's signature changes. (`nn.remat` counts the module itself as argument 0, as the
+    signature of the unbound `__call__` does with `self`.)"""
+    parameters = list(inspect.signature(layer_cls.__call__).parameters)
+    return nn.remat(layer_cls, static_argnums=(parameters.index("deterministic"),))
 
 
 class Transformer(nn.Module):
@@ -87,28 +49,31 @@ class Transformer(nn.Module):
     Packed rows (several sentence pairs in one row) pass `*_segments` (1, 2, ... per pair, 0 for
     padding) and `*_positions` (restarting at 0 for each pair); attention never crosses pairs.
 
-    `kernels` ("auto", "reference", "xla_cpu"; `tfm.kernels`) picks the implementation of the
-    few operations a backend kit may replace; it changes no parameter and no value, so it is not
-    part of the config. `precision` is that of every `nn.Dense` product (`lax.Precision`).
+    `kernels` ("auto", "reference", "xla_cpu"; `tfm.implementation`) picks the implementation
+    of the few operations a backend kit may replace, resolved here once and handed to every
+    layer; it changes no parameter and no value, so it is not part of the config. `precision`
+    is that of every `nn.Dense` product (`lax.Precision`).
     """
 
     config: ModelConfig
     kernels: str = "auto"
     precision: jax.lax.PrecisionLike = None
 
+    @property
+    def ops(self) -> implementation.Ops:
+        """The op set of `kernels`, which every layer receives."""
+        return implementation.resolve(self.kernels)
+
     def setup(self) -> None:
-        c, kernels = self.config, kernels_lib.check(self.kernels)
-        ops = kernels_lib.ops_for(kernels)
-        self.embedding = SharedEmbedding(c.vocab_size, c.d_model, compute_dtype(c), kernels)
+        c, ops = self.config, self.ops
+        self.embedding = SharedEmbedding(c.vocab_size, c.d_model, compute_dtype(c), ops)
         if c.positional == "learned":
             self.src_position_table = LearnedPositions(c.max_positions, c.d_model)
             self.tgt_position_table = LearnedPositions(c.max_positions, c.d_model)
         encoder_cls, decoder_cls = EncoderLayer, DecoderLayer
         if c.remat:
-            # Argument 0 is the module itself; `deterministic` must stay a Python bool.
-            encoder_cls = nn.remat(EncoderLayer, static_argnums=(3,))
-            decoder_cls = nn.remat(DecoderLayer, static_argnums=(5,))
-        layer = dict(kernels=kernels, precision=self.precision)
+            encoder_cls, decoder_cls = map(_rematerialized, (EncoderLayer, DecoderLayer))
+        layer = dict(ops=ops, precision=self.precision)
         self.encoder_layers = [
             encoder_cls(c, **layer, name=f"encoder_{i}") for i in range(c.num_layers)
         ]
@@ -117,11 +82,8 @@ class Transformer(nn.Module):
         ]
         self.embedding_dropout = ops.Dropout(c.dropout_rate)
         if c.norm == "pre":
-            norm = dict(
-                epsilon=c.layer_norm_epsilon, dtype=compute_dtype(c), param_dtype=jnp.float32
-            )
-            self.encoder_norm = ops.LayerNorm(**norm)
-            self.decoder_norm = ops.LayerNorm(**norm)
+            self.encoder_norm = normalization(c, ops)
+            self.decoder_norm = normalization(c, ops)
 
     def _embed(self, ids: Array, positions: Array, side: str, deterministic: bool) -> Array:
         """Dropout(Embedding(ids) * sqrt(d_model) + PE(positions)) (sections 3.4, 3.5, 5.4)."""
@@ -278,17 +240,8 @@ class Transformer(nn.Module):
         y = self._embed(tokens[:, None], positions, "tgt", deterministic=True)
         cross_mask = attn.key_padding_mask(cache.src_valid)
         new_layers = []
-        for layer, state in zip(self.decoder_layers, cache.layers, strict=True):
-            y, self_k, self_v = layer.step(
-                y,
-                state.self_k,
-                state.self_v,
-                state.cross_k,
-                state.cross_v,
-                position,
-                cross_mask,
-                beams,
-            )
-            new_layers.append(state.replace(self_k=self_k, self_v=self_v))
+        for layer, layer_cache in zip(self.decoder_layers, cache.layers, strict=True):
+            y, layer_cache = layer.step(y, layer_cache, position, cross_mask, beams)
+            new_layers.append(layer_cache)
         logits = self._logits(y)[:, 0]
         return logits, cache.replace(layers=tuple(new_layers))

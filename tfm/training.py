@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from tfm import kernels
+from tfm import implementation
 from tfm.model import Transformer
 from tfm.tokens import PAD_ID
 
@@ -120,22 +120,34 @@ def _model_inputs(batch: dict[str, Array]) -> dict[str, Array]:
     return {key: batch[key] for key in PACKED_KEYS if key in batch}
 
 
+def _states_and_output_embedding(
+    model: Transformer, batch: dict[str, Array], deterministic: bool
+) -> tuple[Array, Array]:
+    """The decoder's final states `[batch, tgt_len, d_model]` and the pre-softmax layer's
+    weights E `[vocab, d_model]` (section 3.4), in one application of the model."""
+    states = model(
+        batch["src"],
+        batch["tgt_in"],
+        deterministic=deterministic,
+        return_states=True,
+        **_model_inputs(batch),
+    )
+    return states, model.output_embedding()
+
+
 def batch_loss(
     model: Transformer, params, batch: dict[str, Array], smoothing: float, dropout_rng: Array | None
 ) -> dict[str, Array]:
     """Summed loss terms of one (micro-)batch; dropout on when `dropout_rng` is given."""
     deterministic = dropout_rng is None
-    states = model.apply(
+    states, table = model.apply(
         {"params": params},
-        batch["src"],
-        batch["tgt_in"],
-        deterministic=deterministic,
+        batch,
+        deterministic,
+        method=_states_and_output_embedding,
         rngs=None if deterministic else {"dropout": dropout_rng},
-        return_states=True,
-        **_model_inputs(batch),
     )
-    table = model.apply({"params": params}, method=Transformer.output_embedding)
-    output_loss = kernels.ops_for(model.kernels).output_loss
+    output_loss = model.ops.output_loss
     loss, nll = output_loss(states.astype(table.dtype), table, batch["tgt_out"], smoothing)
     tokens = jnp.sum((batch["tgt_out"] != PAD_ID).astype(jnp.float32))
     return dict(loss=loss, nll=jax.lax.stop_gradient(nll), tokens=tokens)
@@ -189,7 +201,7 @@ def train_step(
     if axis_name is not None:
         step_rng = jax.random.fold_in(step_rng, jax.lax.axis_index(axis_name))
     accumulate = functools.partial(_accumulated_gradients, smoothing=smoothing)
-    grads, terms = kernels.per_platform(accumulate, model, state.params, batch, step_rng)
+    grads, terms = implementation.per_platform(accumulate, model, state.params, batch, step_rng)
     if axis_name is not None:
         grads, terms = jax.lax.psum((grads, terms), axis_name)
     tokens = jnp.maximum(terms["tokens"], 1.0)
@@ -212,4 +224,4 @@ def eval_step(
     """Summed loss, nll and token count of one batch without dropout (sum over batches, then
     perplexity = exp(nll / tokens))."""
     loss = functools.partial(batch_loss, smoothing=smoothing, dropout_rng=None)
-    return kernels.per_platform(loss, model, params, batch)
+    return implementation.per_platform(loss, model, params, batch)

@@ -1,5 +1,5 @@
 """tfm itself: the jitted train step of `tfm.training`, and `tfm.inference.decoding`'s searches (as
-`tfm.xla_cpu.side_by_side.search_in_parts` runs them: on CPU, a search per core)."""
+`tfm.cpu_host.side_by_side.search_in_parts` runs them: on CPU, a search per core)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from peers.workloads import (
     training_batch,
 )
 from tfm import ModelConfig, Transformer, training
+from tfm.cpu_host import host_memory, side_by_side
 from tfm.inference import decoding
-from tfm.xla_cpu import host_memory, side_by_side
 
 NAME = "tfm"
 

@@ -5,7 +5,7 @@ Each function encodes the source once, builds the `DecodeCache` (every decoder l
 cross-attention K/V computed before the loop) and runs a search of `tfm.inference.search` with
 `Transformer.decode_step` as its step function. Shapes are static: one compiled program per
 (batch size, source length, settings), whatever the sentences. Under the model's "auto"
-kernels the kit or the reference is chosen once for the whole search (`tfm.kernels`).
+kernels the kit or the reference is chosen once for the whole search (`tfm.implementation`).
 
 The maximum output length is the paper's: each sentence may generate up to its own source
 length + `extra_length` (50) tokens, EOS included, and never more than the model's
@@ -19,7 +19,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from tfm import kernels
+from tfm import implementation
+from tfm.cpu_host.backend_jit import DECODING_CPU_OPTIONS, cpu_tuned_jit
 from tfm.inference.search import (
     PAPER_ALPHA,
     PAPER_BEAM_SIZE,
@@ -35,7 +36,6 @@ from tfm.inference.search import (
 )
 from tfm.model import DecodeCache, Transformer
 from tfm.tokens import EOS_ID, PAD_ID
-from tfm.xla_cpu.backend_jit import DECODING_CPU_OPTIONS, cpu_tuned_jit
 
 Array = jax.Array
 
@@ -123,7 +123,7 @@ def _transformer_one_token_per_step(
             chunk=chunk,
         )
 
-    return kernels.per_platform(search, model, params, src)
+    return implementation.per_platform(search, model, params, src)
 
 
 @cpu_tuned_jit(
@@ -250,7 +250,7 @@ def beam_search(
             settle=settle,
         )
 
-    return kernels.per_platform(search, model, params, src)
+    return implementation.per_platform(search, model, params, src)
 
 
 __all__ = [

@@ -23,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from tfm import kernels
+from tfm import implementation
+from tfm.cpu_host.backend_jit import DECODING_CPU_OPTIONS, cpu_tuned_jit
 from tfm.inference.decoding import (
     encode_and_init_cache,
     longest_output,
@@ -33,7 +34,6 @@ from tfm.inference.decoding import (
 from tfm.inference.search import PAPER_ALPHA, PAPER_EXTRA_LENGTH, BeamState, beam_search_step
 from tfm.model import Transformer
 from tfm.tokens import EOS_ID, PAD_ID
-from tfm.xla_cpu.backend_jit import DECODING_CPU_OPTIONS, cpu_tuned_jit
 
 Array = jax.Array
 
@@ -248,7 +248,7 @@ def stream(
     slots (still running sentences) and the sentences that settled meanwhile."""
     settings = dict(alpha=alpha, eos_id=eos_id, extra_length=extra_length)
     run = functools.partial(_stream, **settings)
-    return kernels.per_platform(run, model, params, slots, src, sentence, run_to_end)
+    return implementation.per_platform(run, model, params, slots, src, sentence, run_to_end)
 
 
 def _stream(

@@ -21,10 +21,10 @@ import numpy as np
 
 from tfm import metrics
 from tfm.config import ModelConfig
+from tfm.cpu_host import side_by_side
 from tfm.inference import decoding, slots
 from tfm.model import Transformer
 from tfm.tokens import EOS_ID, PAD_ID
-from tfm.xla_cpu import side_by_side
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +39,7 @@ class TranslateConfig:
     max_source_len: longest source in tokens, EOS included; longer lines are `overlong`.
     overlong: "truncate" (with a warning) or "error".
     length_buckets: padded source lengths; each is one compiled program.
-    streams: searches run side by side (`tfm.xla_cpu.side_by_side`): beam search's streams per
+    streams: searches run side by side (`tfm.cpu_host.side_by_side`): beam search's streams per
     length
       bucket, each through its own batch of slots with a share of the bucket's sentences;
       greedy search's consecutive batches of one bucket. None: `side_by_side.default_parts()`
@@ -295,8 +295,8 @@ class _CompileAhead:
     background thread, so the next bucket's program compiles while the current bucket decodes
     (in a first run, compiling was ~40% of the time). Each program is compiled by running the
     jitted search once on an all-padding batch, which is finished before its first step: jit's
-    own cache (or with a compilation cache, `tfm.xla_cpu.saved_programs`' memory) then holds it, for
-    this call and every later one."""
+    own cache (or with a compilation cache, `tfm.cpu_host.saved_programs`' memory) then holds it,
+    for this call and every later one."""
 
     def __init__(self, model: Transformer, params, config: TranslateConfig, plan: list[_Batch]):
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfm-compile")
@@ -371,7 +371,7 @@ def _greedy_batches(
     config: TranslateConfig,
 ) -> dict[int, np.ndarray]:
     """Output ids of every source in `parts` (batches of one shape), each batch its own greedy
-    `search_batch`, the batches side by side (`tfm.xla_cpu.side_by_side`)."""
+    `search_batch`, the batches side by side (`tfm.cpu_host.side_by_side`)."""
     found: dict[int, np.ndarray] = {}
     for result in side_by_side.run_side_by_side(
         [lambda p=p: _search_padded(search_batch, model, params, encoded, p, config) for p in parts]

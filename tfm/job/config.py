@@ -10,7 +10,7 @@ import dataclasses
 import pathlib
 from typing import Any
 
-from tfm import kernels
+from tfm import implementation
 from tfm.config import ModelConfig
 from tfm.data.batching import BatchConfig
 from tfm.data.sources import SourceSpec, parse_spec
@@ -61,7 +61,8 @@ class JobConfig:
     model_parallel: int
     loop: LoopConfig
     final: FinalEvaluation
-    kernels: str = "auto"  # tfm.kernels: not part of the model; a run may resume with another
+    # tfm.implementation: not part of the model; a run may resume with another
+    kernels: str = "auto"
     encoding_errors: str = "strict"  # invalid UTF-8 in a text/tsv corpus: "strict" or "replace"
 
     def model_config(self, vocab_size: int) -> ModelConfig:
@@ -210,7 +211,7 @@ def job_config_from(config) -> JobConfig:
         ),
         "config.dataset",
     )
-    kernels_setting = _valid(lambda: kernels.check(top.get("kernels")), "config.kernels")
+    kernels_setting = _valid(lambda: implementation.check(top.get("kernels")), "config.kernels")
     encoding_errors = top.get("encoding_errors")
     if encoding_errors not in ("strict", "replace"):
         raise ValueError(

@@ -14,9 +14,9 @@ import numpy as np
 import optax
 
 from tfm import training
+from tfm.cpu_host import host_memory
 from tfm.job import parallel
 from tfm.model import Transformer
-from tfm.xla_cpu import host_memory
 
 Batch = dict[str, np.ndarray]
 

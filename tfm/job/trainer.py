@@ -25,6 +25,7 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from tfm import metrics, training, viz
+from tfm.cpu_host import host_memory
 from tfm.data.pipeline import BatchPipeline
 from tfm.data.prepare import PreparedData, prepare
 from tfm.inference import translate
@@ -35,7 +36,6 @@ from tfm.job.train_log import TrainingDiverged, TrainLog
 from tfm.job.workdir import ModelCard, Workdir, check_resume, exclusive, write_model_card
 from tfm.job.workdir import start_over as move_previous_run_aside
 from tfm.model import Transformer
-from tfm.xla_cpu import host_memory
 
 __all__ = ["Job", "TrainingDiverged", "build_job", "format_report", "train", "train_and_evaluate"]
 

@@ -294,7 +294,7 @@ def load(
 ) -> Loaded:
     """The model of a train.py workdir with the parameters of checkpoint `step`, or the average
     of the last `average` checkpoints (section 6.1); `average` None or 1 = the latest. `kernels`
-    (`tfm.kernels`) is the model's, whatever the run was trained with."""
+    (`tfm.implementation`) is the model's, whatever the run was trained with."""
     workdir = Workdir(root)
     card = read_model_card(workdir)
     model = Transformer(card.model, kernels=kernels)

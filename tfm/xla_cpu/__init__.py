@@ -1,7 +1,7 @@
-"""The XLA:CPU kit: forms of the paper core's operations, and of the jobs around it, measured
-faster or leaner on XLA:CPU (benchmarks/README.md), each computing what the reference does.
+"""The XLA:CPU kit: forms of the paper core's operations measured faster or leaner on XLA:CPU
+(benchmarks/README.md), each computing what the reference does.
 
-Chosen by `tfm.kernels` ("xla_cpu" everywhere, "auto" where a program runs on the CPU):
+Chosen by `tfm.implementation` ("xla_cpu" everywhere, "auto" where a program runs on the CPU):
 
 - `lean_ops`: layer normalization, the masked softmax and the ReLU with their gradients written
   out (the ReLU keeps its input's signs packed eight to a byte);
@@ -10,17 +10,17 @@ Chosen by `tfm.kernels` ("xla_cpu" everywhere, "auto" where a program runs on th
 - `loss`: the output layer and loss in CPU-cache-sized chunks, gradients made with them;
 - `on_cpu`: each of the above where the program runs on the CPU, the reference elsewhere.
 
-Around the model, for jobs on the CPU: `backend_jit` (compiler options for decoding programs),
-`saved_programs` (compiled decoding programs loaded untraced by a later process),
-`side_by_side` (independent searches on a CPU's cores), `host_memory` (glibc's allocator).
+The CPU host tooling around the model (compiler options, saved programs, side-by-side searches,
+the allocator) is `tfm.cpu_host`.
 """
 
 from __future__ import annotations
 
-from tfm import ops
 from tfm.xla_cpu import dense, dropout, lean_ops, loss, matmul
 
-KIT = ops.Ops(
+# The kit's forms of `tfm.implementation.Ops` fields, the ops it was measured faster or leaner
+# on (every field it leaves out stays the reference); `tfm.implementation` builds the op set.
+KIT = dict(
     LayerNorm=lean_ops.LayerNorm,
     Dropout=dropout.Dropout,
     dot_general_cls=dense.KitDotGeneral,

@@ -26,9 +26,12 @@ def _is_plain_product(lhs: Array, rhs: Array, dimension_numbers) -> bool:
 
 
 class KitDotGeneral:
-    """A `dot_general` for `nn.Dense(dot_general_cls=KitDotGeneral)`: x W as `linear` on the
-    flattened `[..., fan_in] x [fan_in, fan_out]` matrices when the product is x W at the
-    default precision; `lax.dot_general` for anything else (a set `precision` included)."""
+    """A `dot_general` for `nn.Dense(dot_general_cls=KitDotGeneral)`: x W as `product` (the
+    kit's `linear`) on the flattened `[rows, fan_in] x [fan_in, fan_out]` matrices when the
+    product is x W at the default precision; `lax.dot_general` for anything else (a set
+    `precision` included)."""
+
+    product = staticmethod(linear)
 
     def __call__(
         self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kwargs
@@ -49,5 +52,5 @@ class KitDotGeneral:
             )
         contracted = len(dimension_numbers[0][0])
         leading, fan_in = lhs.shape[: lhs.ndim - contracted], math.prod(rhs.shape[:contracted])
-        out = linear(lhs.reshape(*leading, fan_in), rhs.reshape(fan_in, -1))
+        out = self.product(lhs.reshape(*leading, fan_in), rhs.reshape(fan_in, -1))
         return out.reshape(*leading, *rhs.shape[contracted:])

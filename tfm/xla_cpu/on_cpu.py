@@ -1,7 +1,7 @@
 """The kit's operations where the program runs on the CPU and the reference's anywhere else,
 chosen per operation when the program is lowered (`jax.lax.platform_dependent`): the "auto"
-setting of `tfm.kernels` for a model applied directly. (The training steps and searches choose
-once for their whole program instead, `tfm.kernels.per_platform`.)
+setting of `tfm.implementation` for a model applied directly. (The training steps and searches
+choose once for their whole program instead, `tfm.implementation.per_platform`.)
 
 Each module has the reference module's name, fields and parameters, so a model's parameter tree
 and its dropout RNG streams are the same under every setting.
@@ -15,11 +15,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from tfm import ops
+from tfm import attention
+from tfm import loss as reference_loss
 from tfm.xla_cpu import dense, dropout, lean_ops, loss, matmul
 
 Array = jax.Array
-_REFERENCE = ops.REFERENCE
 
 
 def _on_cpu(kit_fn, reference_fn):
@@ -69,22 +69,14 @@ class Dropout(nn.Module):
         )
 
 
-class DotGeneral:
-    """`nn.Dense`'s product: `tfm.xla_cpu.dense.KitDotGeneral` on the CPU, `lax.dot_general`
-    elsewhere."""
+class DotGeneral(dense.KitDotGeneral):
+    """`nn.Dense`'s product as `tfm.xla_cpu.dense.KitDotGeneral` forms it, by the kit's `linear`
+    on the CPU and the plain product elsewhere (chosen straight from the dense layer, with no
+    call of tfm's between)."""
 
-    def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
-        options = dict(precision=precision, preferred_element_type=preferred_element_type)
-        return jax.lax.platform_dependent(
-            lhs,
-            rhs,
-            cpu=functools.partial(
-                dense.KitDotGeneral(), dimension_numbers=dimension_numbers, **options
-            ),
-            default=functools.partial(
-                jax.lax.dot_general, dimension_numbers=dimension_numbers, **options
-            ),
-        )
+    product = staticmethod(
+        functools.partial(jax.lax.platform_dependent, cpu=matmul.linear, default=jnp.dot)
+    )
 
 
 def _output_loss(states, table, targets, smoothing):
@@ -93,16 +85,17 @@ def _output_loss(states, table, targets, smoothing):
         table,
         targets,
         cpu=lambda s, t, y: loss.output_loss_sums(s, t, y, smoothing),
-        default=lambda s, t, y: _REFERENCE.output_loss(s, t, y, smoothing),
+        default=lambda s, t, y: reference_loss.output_loss_sums(s, t, y, smoothing),
     )
 
 
-OPS = ops.Ops(
+# the kit's fields (`tfm.xla_cpu.KIT`), each chosen per platform
+OPS = dict(
     LayerNorm=LayerNorm,
     Dropout=Dropout,
     dot_general_cls=DotGeneral,
-    relu=_on_cpu(lean_ops.relu, _REFERENCE.relu),
-    masked_softmax=_on_cpu(lean_ops.masked_softmax, _REFERENCE.masked_softmax),
-    tied_logits=_on_cpu(matmul.tied_logits, _REFERENCE.tied_logits),
+    relu=_on_cpu(lean_ops.relu, jax.nn.relu),
+    masked_softmax=_on_cpu(lean_ops.masked_softmax, attention.masked_softmax),
+    tied_logits=_on_cpu(matmul.tied_logits, reference_loss.tied_logits),
     output_loss=_output_loss,
 )

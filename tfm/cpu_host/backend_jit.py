@@ -18,7 +18,7 @@ from typing import Any
 
 import jax
 
-from tfm.xla_cpu import saved_programs
+from tfm.cpu_host import saved_programs
 
 DECODING_CPU_OPTIONS = {"xla_backend_optimization_level": 2}
 _OWN_FIELDS = frozenset(
@@ -33,7 +33,7 @@ class CpuTunedJit:
     ...) is that of the jitted function for the current default backend.
 
     With JAX's persistent compilation cache on, each program is also saved compiled
-    (`tfm.xla_cpu.saved_programs`), and a later process loads it instead of tracing it."""
+    (`tfm.cpu_host.saved_programs`), and a later process loads it instead of tracing it."""
 
     def __init__(self, fun: Callable, cpu_options: Mapping[str, Any], jit_kwargs: dict):
         self._fun, self._cpu_options, self._jit_kwargs = fun, dict(cpu_options), jit_kwargs
@@ -42,7 +42,7 @@ class CpuTunedJit:
         # jitted function per backend, or the two would compile the same program twice
         self._lock = threading.Lock()
         self._static = saved_programs.static_parameters(fun, jit_kwargs)
-        # signature -> compiled program, or None for one not saved (`tfm.xla_cpu.saved_programs`)
+        # signature -> compiled program, or None for one not saved (`tfm.cpu_host.saved_programs`)
         self._programs: dict[tuple, Any] = {}
         functools.update_wrapper(self, fun)
 
