@@ -81,3 +81,15 @@ def test_parameter_counts_match_the_closed_form():
     assert count_parameters(learned) == _closed_form_count(
         37000, 6, 512, 2048, 8, 64, 64, learned_positions=2 * learned.max_positions * 512
     )
+
+
+@pytest.mark.parametrize("implementation", ["xla", "cudnn"])
+def test_attention_dropout_with_a_fused_implementation_is_refused_naming_both_keys(implementation):
+    """The fused kernels never form the attention weights, so their dropout could not run: the
+    model would train without it, silently."""
+    with pytest.raises(ValueError) as refused:
+        ModelConfig(vocab_size=100, attention=implementation, attention_dropout_rate=0.1)
+    message = str(refused.value)
+    assert "attention_dropout_rate" in message and "attention=" in message
+    ModelConfig(vocab_size=100, attention=implementation)  # without attention dropout: fine
+    ModelConfig(vocab_size=100, attention_dropout_rate=0.1)  # with the reference: fine

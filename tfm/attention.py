@@ -97,8 +97,6 @@ def scaled_dot_product_attention(
     mask: Array | None = None,
     *,
     implementation: Implementation = "reference",
-    dropout_rate: float = 0.0,
-    dropout_rng: Array | None = None,
     kv_layout: KVLayout = "length_first",
     softmax: Callable[[Array, Array], Array] = masked_softmax,
     on_weights: Callable[[Array], Array] | None = None,
@@ -112,13 +110,13 @@ def scaled_dot_product_attention(
       mask: bool, broadcastable to `[batch, heads, q_len, kv_len]`, True where attending is allowed.
       implementation: "reference" (the einsums here; softmax in float32), or "xla" / "cudnn"
         through `jax.nn.dot_product_attention` (fused kernels on GPU).
-      dropout_rate: dropout on the attention weights (reference implementation only).
-      dropout_rng: PRNG key for that dropout; no dropout when None.
       kv_layout: "length_first" (shapes above) or "heads_first" (`k`, `v` are
         `[batch, heads, kv_len, d]`).
       softmax: the masked softmax (`masked_softmax`, or a kit's equal of it).
       on_weights: applied to the `[batch, heads, q_len, kv_len]` weights before they weight V
-        (reference implementation only): how a layer records them or applies its own dropout.
+        (reference implementation only): how a layer records them or applies its own dropout;
+        the fused implementations never form the weights (`ModelConfig` refuses attention
+        dropout with them).
 
     Returns:
       `[batch, q_len, heads, d_v]` in the dtype of `v`. Query rows with no allowed key are zero.
@@ -127,18 +125,10 @@ def scaled_dot_product_attention(
         raise ValueError(f"q and k need the same d_k, got {q.shape[-1]} and {k.shape[-1]}")
     if implementation == "reference":
         weights = attention_weights(q, k, mask, kv_layout=kv_layout, softmax=softmax)
-        if dropout_rate > 0.0 and dropout_rng is not None:
-            keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
-            weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
         if on_weights is not None:
             weights = on_weights(weights)
         return weighted_values(weights, v, kv_layout=kv_layout)
     if implementation in ("xla", "cudnn"):
-        if dropout_rate > 0.0 and dropout_rng is not None:
-            raise ValueError(
-                f"attention implementation {implementation!r} has no attention-weight dropout; "
-                "use implementation='reference' or attention_dropout_rate=0"
-            )
         if _kv_axes(kv_layout) == "bhkd":  # the fused kernels take length-first K/V
             k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
         return _fused_attention(q, k, v, mask, implementation)

@@ -31,7 +31,7 @@ class ModelConfig:
       dropout_rate: P_drop, applied to each sub-layer output before the residual add and to the
         embedding + positional-encoding sum (section 5.4).
       attention_dropout_rate: dropout on the attention weights (not in the paper; tensor2tensor
-        offers it). 0 disables it.
+        offers it). 0 disables it; needs `attention="reference"`.
       positional: "sinusoidal" (section 3.5) or "learned" (Table 3 row E).
       max_positions: positions a learned table covers (row E), and the default decoding cache
         length; sinusoids need no table.
@@ -105,6 +105,13 @@ class ModelConfig:
                 raise ValueError(
                     f"ModelConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}"
                 )
+        if self.attention != "reference" and self.attention_dropout_rate > 0.0:
+            # the fused kernels never form the weights, so their dropout would silently not run
+            raise ValueError(
+                f"ModelConfig.attention_dropout_rate={self.attention_dropout_rate} needs "
+                f"ModelConfig.attention='reference' (the fused {self.attention!r} kernels have "
+                "no attention-weight dropout); set one of them back"
+            )
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(
                 f"ModelConfig.d_model must be even for sinusoidal positions (sin/cos pairs, "

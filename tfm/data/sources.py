@@ -22,8 +22,6 @@ from tfm.data import corpus as plain
 from tfm.data import gettext_catalogs
 from tfm.data.corpus import Corpus, RawChunk
 
-KINDS = ("tfds", "gettext", "text", "tsv")
-
 
 @dataclasses.dataclass(frozen=True)
 class SourceSpec:

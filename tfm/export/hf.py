@@ -23,8 +23,6 @@ from tfm.config import ModelConfig
 from tfm.export.weights import Weights, check_exportable
 from tfm.tokens import BOS_ID, EOS_ID, PAD_ID
 
-MARIAN_LAYER_NORM_EPSILON = 1e-5
-
 
 def marian_permutation(d_model: int) -> np.ndarray:
     """Index of tfm's column for each of Marian's: [0, 2, 4, ..., 1, 3, 5, ...]."""
