@@ -4,6 +4,7 @@ loads it, when a setting asks), no module imports itself back through others, no
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -78,3 +79,32 @@ def test_no_import_cycles():
 def test_no_module_is_long():
     lengths = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
     assert max(lengths.values()) <= 460, sorted(lengths.items(), key=lambda kv: -kv[1])[:3]
+
+
+def _layout_paths(text: str) -> list[str]:
+    """The paths of ARCHITECTURE.md's layout block (each name at its indent, under the folder
+    above it) and every `path/like.py` the rest of the page quotes."""
+    block = text.split("```", 2)[1]
+    paths, folders = [], []  # folders: (indent, path) of the folders enclosing the line
+    for line in block.splitlines():
+        found = re.match(r"( *)([\w.-]+/?(?:, [\w.-]+/?)*)(?:  |$)", line)
+        if not found or len(found.group(1)) >= 20:  # a wrapped description
+            continue
+        indent = len(found.group(1))
+        folders = [(i, f) for i, f in folders if i < indent]
+        parent = folders[-1][1] if folders else ""
+        for name in found.group(2).split(", "):
+            if "." in name or name.endswith("/"):
+                paths.append(parent + name)
+            if name.endswith("/"):
+                folders.append((indent, parent + name))
+    quoted = re.findall(r"`((?:tfm|tests|benchmarks|configs|docs|experiments)/[\w./-]+)`", text)
+    return paths + quoted
+
+
+def test_every_path_architecture_names_exists():
+    text = (PACKAGE.parent / "docs" / "ARCHITECTURE.md").read_text()
+    paths = _layout_paths(text)
+    assert "tfm/implementation.py" in paths and "tfm/cpu_host/side_by_side.py" in paths
+    missing = [path for path in paths if not (PACKAGE.parent / path).exists()]
+    assert not missing, missing
