@@ -3,6 +3,7 @@ output of tfm, the CTranslate2 export and the Hugging Face export are identical 
 teacher-forced log-probabilities agree to 1e-4, and the HF tokenizer's ids are tfm's. Models an
 export cannot represent are refused."""
 
+import dataclasses
 import functools
 import json
 import pathlib
@@ -313,3 +314,21 @@ def test_numbers_that_name_no_checkpoint_are_refused_before_loading(tmp_path, ca
         assert export_main(["hf", str(tmp_path / "run"), str(out), flag, str(value)]) == 2
         assert capsys.readouterr().err == f"error: {flag} must be at least {least}, got {value}\n"
         assert not out.exists()
+
+
+def test_a_variant_field_no_exporter_names_is_refused_naming_it():
+    """A ModelConfig field that is neither mapped as it is nor supported by the target is
+    exported only at its default: a new variant is refused until an exporter represents it."""
+
+    @dataclasses.dataclass(frozen=True)
+    class WithVariant(ModelConfig):
+        mixer: str = "attention"
+
+    plain = WithVariant(vocab_size=40, d_model=64, num_heads=4, d_k=16, d_v=16)
+    check_exportable(plain, "CTranslate2", pre_norm=True, learned=True)  # at its default
+    changed = plain.replace(mixer="fourier")
+    with pytest.raises(ExportError, match=r"ModelConfig.mixer='fourier'"):
+        check_exportable(changed, "CTranslate2", pre_norm=True, learned=True)
+    check_exportable(
+        changed, "CTranslate2", pre_norm=True, learned=True, supported={"mixer": ("fourier",)}
+    )

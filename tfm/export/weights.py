@@ -13,6 +13,8 @@ as in tfm); FFN parts are `w1 [d_model, d_ff]`, `b1`, `w2 [d_ff, d_model]`, `b2`
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from tfm.config import ModelConfig
@@ -79,8 +81,55 @@ def from_tfm_params(params, config: ModelConfig, positions: int) -> Weights:
     return out
 
 
-def check_exportable(config: ModelConfig, target: str, *, pre_norm: bool, learned: bool) -> None:
-    """Refuse a model `target` cannot compute exactly (ExportError names the reason)."""
+# The fields every export maps as they are (shapes, the training-only and compute settings);
+# any other field is a variant, exported only where the target says it supports the value.
+MAPPED_FIELDS = frozenset(
+    {
+        "vocab_size",
+        "num_layers",
+        "d_model",
+        "d_ff",
+        "num_heads",
+        "d_k",
+        "d_v",
+        "dropout_rate",
+        "attention_dropout_rate",
+        "max_positions",
+        "dtype",
+        "attention",
+        "remat",
+        "layer_norm_epsilon",
+        "norm",
+        "positional",
+    }
+)
+
+
+def check_exportable(
+    config: ModelConfig,
+    target: str,
+    *,
+    pre_norm: bool,
+    learned: bool,
+    supported: dict[str, tuple] | None = None,
+) -> None:
+    """Refuse a model `target` cannot compute exactly (ExportError names the reason).
+
+    `supported` maps each variant field the target can represent to the values it can; a field
+    it does not name is exported only at `ModelConfig`'s default, so a new variant is refused,
+    named, until an exporter says it represents it.
+    """
+    supported = supported or {}
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if field.name in MAPPED_FIELDS or value == field.default:
+            continue
+        if value not in supported.get(field.name, ()):
+            raise ExportError(
+                f"{target} cannot represent ModelConfig.{field.name}={value!r} (exports "
+                f"{supported.get(field.name, (field.default,))!r}); train with the default or "
+                "export to another target"
+            )
     if config.d_k * config.num_heads != config.d_model or config.d_v != config.d_k:
         raise ExportError(
             f"{target} needs d_k = d_v = d_model / h; this model has d_model {config.d_model}, "
