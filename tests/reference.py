@@ -57,10 +57,23 @@ def multi_head(params, x_q, x_kv, mask=None):
     return concat @ wo.reshape(-1, wo.shape[-1])
 
 
-def feed_forward(params, x):
-    """Section 3.3: max(0, x W1 + b1) W2 + b2."""
+def activation(name: str, x: np.ndarray) -> np.ndarray:
+    """The FFN's nonlinearity from its definition: max(0, x); GELU x Phi(x) with the normal CDF
+    from erf; swish x / (1 + e^-x)."""
+    if name == "relu":
+        return np.maximum(0, x)
+    if name == "gelu":
+        erf = np.vectorize(math.erf)
+        return x * 0.5 * (1.0 + erf(x / math.sqrt(2.0)))
+    if name == "swish":
+        return x / (1.0 + np.exp(-x))
+    raise ValueError(name)
+
+
+def feed_forward(params, x, nonlinearity: str = "relu"):
+    """Section 3.3: max(0, x W1 + b1) W2 + b2 (or another nonlinearity in place of max(0, .))."""
     p1, p2 = params["inner"], params["outer"]
-    hidden = np.maximum(0, x @ np.asarray(p1["kernel"]) + np.asarray(p1["bias"]))
+    hidden = activation(nonlinearity, x @ np.asarray(p1["kernel"]) + np.asarray(p1["bias"]))
     return hidden @ np.asarray(p2["kernel"]) + np.asarray(p2["bias"])
 
 

@@ -332,3 +332,12 @@ def test_a_variant_field_no_exporter_names_is_refused_naming_it():
     check_exportable(
         changed, "CTranslate2", pre_norm=True, learned=True, supported={"mixer": ("fourier",)}
     )
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swish"])
+def test_an_ffn_activation_the_exports_do_not_map_yet_is_refused(activation):
+    config = ModelConfig(vocab_size=40, d_model=64, num_heads=4, d_k=16, d_v=16)
+    with pytest.raises(ExportError, match=f"ModelConfig.activation='{activation}'"):
+        check_exportable(
+            config.replace(activation=activation), "CTranslate2", pre_norm=True, learned=True
+        )

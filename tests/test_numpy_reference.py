@@ -55,7 +55,7 @@ def numpy_transformer(params, config, src: np.ndarray, tgt_in: np.ndarray) -> np
         )
         x = _sublayer(
             x,
-            lambda y, p=layer: reference.feed_forward(p["feed_forward"], y),
+            lambda y, p=layer: reference.feed_forward(p["feed_forward"], y, config.activation),
             layer["feed_forward_block"]["norm"],
             config.norm,
         )
@@ -81,7 +81,7 @@ def numpy_transformer(params, config, src: np.ndarray, tgt_in: np.ndarray) -> np
         )
         y = _sublayer(
             y,
-            lambda z, p=layer: reference.feed_forward(p["feed_forward"], z),
+            lambda z, p=layer: reference.feed_forward(p["feed_forward"], z, config.activation),
             layer["feed_forward_block"]["norm"],
             config.norm,
         )
@@ -94,8 +94,10 @@ def numpy_transformer(params, config, src: np.ndarray, tgt_in: np.ndarray) -> np
 CASES = [(norm, positional) for norm in ("post", "pre") for positional in ("sinusoidal", "learned")]
 
 
-def _model_and_params(norm, positional, kernels="auto"):
-    config = tiny_model_config(vocab_size=20, norm=norm, positional=positional, max_positions=16)
+def _model_and_params(norm, positional, kernels="auto", **variant):
+    config = tiny_model_config(
+        vocab_size=20, norm=norm, positional=positional, max_positions=16, **variant
+    )
     model = Transformer(config, kernels=kernels)
     params = model.init(jax.random.key(3), jnp.asarray(SRC), jnp.asarray(TGT_IN))["params"]
     if positional == "learned":  # the tables start near zero; make them count
@@ -131,3 +133,18 @@ def test_one_incremental_step_at_a_time_is_the_papers(norm, positional):
         prefix = TGT_IN[:, : position + 1]
         expected = numpy_transformer(params, config, SRC, prefix)[:, -1]
         np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4, err_msg=position)
+
+
+VARIANTS = [dict(activation="gelu"), dict(activation="swish")]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v.values())))
+@pytest.mark.parametrize("norm", ["post", "pre"])
+@pytest.mark.parametrize("kernels", ["auto", "reference", "xla_cpu"])
+def test_each_variant_is_the_numpy_models(variant, norm, kernels):
+    """A variant's forward pass, post- and pre-LN, under every kernels setting ("auto" and
+    "xla_cpu" run the reference op for any piece the kit has no form of)."""
+    config, model, params = _model_and_params(norm, "sinusoidal", kernels, **variant)
+    expected = numpy_transformer(params, config, SRC, TGT_IN)
+    got = model.apply({"params": params}, jnp.asarray(SRC), jnp.asarray(TGT_IN))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)

@@ -11,6 +11,7 @@ from typing import Literal
 
 POSITIONAL_KINDS = ("sinusoidal", "learned")
 NORM_PLACEMENTS = ("post", "pre")
+ACTIVATIONS = ("relu", "gelu", "swish")
 COMPUTE_DTYPES = ("float32", "bfloat16")
 ATTENTION_IMPLEMENTATIONS = ("reference", "xla", "cudnn")
 
@@ -41,6 +42,8 @@ class ModelConfig:
         logits are always float32.
       attention: "reference" (tfm's own Eq. 1), or "xla" / "cudnn" through
         `jax.nn.dot_product_attention`.
+      activation: the FFN's nonlinearity (section 3.3): "relu" (the paper's max(0, x)), "gelu"
+        (x Phi(x), the exact erf form) or "swish" (x sigmoid(x), as OPUS-MT's Marian models).
       remat: recompute each layer's activations in the backward pass to save memory.
       layer_norm_epsilon: epsilon inside LayerNorm.
     """
@@ -60,6 +63,7 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     attention: Literal["reference", "xla", "cudnn"] = "reference"
     remat: bool = False
+    activation: Literal["relu", "gelu", "swish"] = "relu"
     layer_norm_epsilon: float = 1e-6
 
     def __post_init__(self) -> None:
@@ -99,6 +103,7 @@ class ModelConfig:
             "norm": NORM_PLACEMENTS,
             "dtype": COMPUTE_DTYPES,
             "attention": ATTENTION_IMPLEMENTATIONS,
+            "activation": ACTIVATIONS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

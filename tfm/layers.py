@@ -10,6 +10,7 @@ may put a backend kit's equal in place of one of those; the parameters are the s
 
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -197,14 +198,24 @@ class MultiHeadAttention(nn.Module):
         return self.attend(q, k, v, mask, deterministic)
 
 
+# The FFN's nonlinearities besides section 3.3's ReLU (which the op set gives: a kit may have its
+# own), by `ModelConfig.activation`: GELU in its exact erf form, and swish (= SiLU).
+_LATER_ACTIVATIONS = {
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "swish": jax.nn.swish,
+}
+
+
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position alone (section 3.3)."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position alone (section 3.3);
+    `activation` may put GELU or swish in place of max(0, .)."""
 
     d_model: int
     d_ff: int
     dtype: jnp.dtype = jnp.float32
     ops: Ops = REFERENCE
     precision: jax.lax.PrecisionLike = None
+    activation: str = "relu"
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -215,7 +226,10 @@ class FeedForward(nn.Module):
             precision=self.precision,
             dot_general_cls=self.ops.dot_general_cls,
         )
-        hidden = self.ops.relu(nn.Dense(self.d_ff, name="inner", **dense)(x))  # max(0, x W1 + b1)
+        nonlinearity = (
+            self.ops.relu if self.activation == "relu" else _LATER_ACTIVATIONS[self.activation]
+        )
+        hidden = nonlinearity(nn.Dense(self.d_ff, name="inner", **dense)(x))  # max(0, x W1 + b1)
         return nn.Dense(self.d_model, name="outer", **dense)(hidden)
 
 
@@ -262,7 +276,9 @@ def _attention(config: ModelConfig, ops: Ops, precision, name: str) -> MultiHead
 
 
 def _feed_forward(config: ModelConfig, ops: Ops, precision) -> FeedForward:
-    return FeedForward(config.d_model, config.d_ff, compute_dtype(config), ops, precision)
+    return FeedForward(
+        config.d_model, config.d_ff, compute_dtype(config), ops, precision, config.activation
+    )
 
 
 class EncoderLayer(nn.Module):
