@@ -46,15 +46,21 @@ def multi_head(params, x_q, x_kv, mask=None):
     wk = np.asarray(params["key"]["kernel"], np.float64)
     wv = np.asarray(params["value"]["kernel"], np.float64)
     wo = np.asarray(params["out"]["kernel"], np.float64)  # [h, d_v, d_model]
+
+    def bias(name: str, shape) -> np.ndarray:  # the projections' biases, where a model has them
+        found = params[name].get("bias")
+        return np.zeros(shape) if found is None else np.asarray(found, np.float64)
+
+    bq, bk, bv = (bias(n, w.shape[1:]) for n, w in (("query", wq), ("key", wk), ("value", wv)))
     heads = []
     for i in range(wq.shape[1]):
-        qi = (x_q @ wq[:, i])[:, :, None]
-        ki = (x_kv @ wk[:, i])[:, :, None]
-        vi = (x_kv @ wv[:, i])[:, :, None]
+        qi = (x_q @ wq[:, i] + bq[i])[:, :, None]
+        ki = (x_kv @ wk[:, i] + bk[i])[:, :, None]
+        vi = (x_kv @ wv[:, i] + bv[i])[:, :, None]
         head_mask = None if mask is None else np.asarray(mask)[:, :1]
         heads.append(attention(qi, ki, vi, head_mask)[:, :, 0])
     concat = np.concatenate(heads, axis=-1)  # [b, l, h * d_v]
-    return concat @ wo.reshape(-1, wo.shape[-1])
+    return concat @ wo.reshape(-1, wo.shape[-1]) + bias("out", wo.shape[-1:])
 
 
 def activation(name: str, x: np.ndarray) -> np.ndarray:

@@ -341,3 +341,12 @@ def test_an_ffn_activation_the_exports_do_not_map_yet_is_refused(activation):
         check_exportable(
             config.replace(activation=activation), "CTranslate2", pre_norm=True, learned=True
         )
+
+
+def test_attention_biases_the_exports_do_not_map_yet_are_refused():
+    config = ModelConfig(
+        vocab_size=40, d_model=64, num_heads=4, d_k=16, d_v=16, attention_bias=True
+    )
+    for target in ("CTranslate2", "MarianMTModel"):
+        with pytest.raises(ExportError, match="ModelConfig.attention_bias=True"):
+            check_exportable(config, target, pre_norm=True, learned=True)

@@ -72,7 +72,14 @@ def test_pre_softmax_projection_uses_the_embedding_matrix():
 
 
 @pytest.mark.parametrize(
-    "changes", [{}, dict(positional="learned"), dict(norm="pre"), dict(attention="xla", d_v=4)]
+    "changes",
+    [
+        {},
+        dict(positional="learned"),
+        dict(norm="pre"),
+        dict(attention="xla", d_v=4),
+        dict(attention_bias=True, activation="swish"),
+    ],
 )
 def test_teacher_forcing_equals_incremental_decoding(changes):
     model, variables = _model(**changes)

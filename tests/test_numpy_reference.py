@@ -135,7 +135,7 @@ def test_one_incremental_step_at_a_time_is_the_papers(norm, positional):
         np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4, err_msg=position)
 
 
-VARIANTS = [dict(activation="gelu"), dict(activation="swish")]
+VARIANTS = [dict(activation="gelu"), dict(activation="swish"), dict(attention_bias=True)]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v.values())))
@@ -145,6 +145,22 @@ def test_each_variant_is_the_numpy_models(variant, norm, kernels):
     """A variant's forward pass, post- and pre-LN, under every kernels setting ("auto" and
     "xla_cpu" run the reference op for any piece the kit has no form of)."""
     config, model, params = _model_and_params(norm, "sinusoidal", kernels, **variant)
+    if config.attention_bias:  # biases start at zero; make them count
+        params = jax.tree_util.tree_map_with_path(
+            lambda path, p: (
+                p + 0.3
+                if "attention']['" in jax.tree_util.keystr(path)
+                and "bias" in jax.tree_util.keystr(path)
+                else p
+            ),
+            params,
+        )
+        assert any(
+            "bias" in jax.tree_util.keystr(path)
+            for path, _ in jax.tree_util.tree_leaves_with_path(
+                params["encoder_0"]["self_attention"]
+            )
+        )
     expected = numpy_transformer(params, config, SRC, TGT_IN)
     got = model.apply({"params": params}, jnp.asarray(SRC), jnp.asarray(TGT_IN))
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)

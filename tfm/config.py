@@ -44,6 +44,8 @@ class ModelConfig:
         `jax.nn.dot_product_attention`.
       activation: the FFN's nonlinearity (section 3.3): "relu" (the paper's max(0, x)), "gelu"
         (x Phi(x), the exact erf form) or "swish" (x sigmoid(x), as OPUS-MT's Marian models).
+      attention_bias: biases on the Q, K, V and output projections (section 3.2.2 has none;
+        Marian's models have them).
       remat: recompute each layer's activations in the backward pass to save memory.
       layer_norm_epsilon: epsilon inside LayerNorm.
     """
@@ -64,6 +66,7 @@ class ModelConfig:
     attention: Literal["reference", "xla", "cudnn"] = "reference"
     remat: bool = False
     activation: Literal["relu", "gelu", "swish"] = "relu"
+    attention_bias: bool = False
     layer_norm_epsilon: float = 1e-6
 
     def __post_init__(self) -> None:
@@ -122,8 +125,11 @@ class ModelConfig:
                 f"ModelConfig.d_model must be even for sinusoidal positions (sin/cos pairs, "
                 f"section 3.5), got {self.d_model}"
             )
-        if not isinstance(self.remat, bool):
-            raise ValueError(f"ModelConfig.remat must be True or False, got {self.remat!r}")
+        for name in ("remat", "attention_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"ModelConfig.{name} must be True or False, got {getattr(self, name)!r}"
+                )
 
     def replace(self, **changes) -> ModelConfig:
         """A copy with `changes` applied, validated again."""

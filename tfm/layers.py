@@ -111,7 +111,8 @@ class MultiHeadAttention(nn.Module):
     `[heads, d_v, d_model]` (`nn.DenseGeneral`), the same linear maps as one `[d_model, heads *
     depth]` matrix followed by a head split; each is Glorot-uniform over that flattened matrix.
     Each projection is its own matmul: concatenating [W^Q | W^K | W^V] would copy the weights in
-    every step, for no gain measured on CPU.
+    every step, for no gain measured on CPU. `use_bias` adds a bias to each projection
+    (`[heads, depth]` for Q, K, V; `[d_model]` for W^O), as Marian's models have.
     """
 
     num_heads: int
@@ -123,10 +124,11 @@ class MultiHeadAttention(nn.Module):
     dtype: jnp.dtype = jnp.float32
     ops: Ops = REFERENCE
     precision: jax.lax.PrecisionLike = None
+    use_bias: bool = False
 
     def setup(self) -> None:
         projection = dict(
-            use_bias=False,
+            use_bias=self.use_bias,
             dtype=self.dtype,
             param_dtype=jnp.float32,
             kernel_init=nn.initializers.xavier_uniform(),
@@ -271,6 +273,7 @@ def _attention(config: ModelConfig, ops: Ops, precision, name: str) -> MultiHead
         dtype=compute_dtype(config),
         ops=ops,
         precision=precision,
+        use_bias=config.attention_bias,
         name=name,
     )
 
