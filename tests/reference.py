@@ -40,6 +40,11 @@ def layer_norm(x, scale, bias, eps=1e-6):
     return (x - mean) / np.sqrt(var + eps) * scale + bias
 
 
+def rms_norm(x, scale, eps=1e-6):
+    """RMSNorm (Zhang & Sennrich, 2019): x / sqrt(mean(x^2) + eps) * scale."""
+    return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * scale
+
+
 def multi_head(params, x_q, x_kv, mask=None):
     """Section 3.2.2: head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V), Concat(heads) W^O."""
     wq = np.asarray(params["query"]["kernel"], np.float64)  # [d_model, h, d_k]

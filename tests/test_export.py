@@ -350,3 +350,12 @@ def test_attention_biases_the_exports_do_not_map_yet_are_refused():
     for target in ("CTranslate2", "MarianMTModel"):
         with pytest.raises(ExportError, match="ModelConfig.attention_bias=True"):
             check_exportable(config, target, pre_norm=True, learned=True)
+
+
+def test_rms_normalization_the_exports_do_not_map_yet_is_refused():
+    config = ModelConfig(vocab_size=40, d_model=64, num_heads=4, d_k=16, d_v=16)
+    for target in ("CTranslate2", "MarianMTModel"):
+        with pytest.raises(ExportError, match="ModelConfig.normalization='rms'"):
+            check_exportable(
+                config.replace(normalization="rms"), target, pre_norm=True, learned=True
+            )

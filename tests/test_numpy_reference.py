@@ -25,13 +25,20 @@ def _positions(params, side: str, length: int, config) -> np.ndarray:
     return reference.sinusoids(length, config.d_model)
 
 
+def _normalized(x, norm_params):
+    """Layer normalization, or RMSNorm where the parameters have no bias."""
+    scale = np.asarray(norm_params["scale"], np.float64)
+    if "bias" not in norm_params:
+        return reference.rms_norm(x, scale)
+    return reference.layer_norm(x, scale, np.asarray(norm_params["bias"], np.float64))
+
+
 def _sublayer(x, sublayer, norm_params, norm: str):
     """Section 5.4 / 3.1: LayerNorm(x + Sublayer(x)) (post-LN, the paper), or
     x + Sublayer(LayerNorm(x)) (pre-LN)."""
-    scale, bias = (np.asarray(norm_params[k], np.float64) for k in ("scale", "bias"))
     if norm == "pre":
-        return x + sublayer(reference.layer_norm(x, scale, bias))
-    return reference.layer_norm(x + sublayer(x), scale, bias)
+        return x + sublayer(_normalized(x, norm_params))
+    return _normalized(x + sublayer(x), norm_params)
 
 
 def numpy_transformer(params, config, src: np.ndarray, tgt_in: np.ndarray) -> np.ndarray:
@@ -60,8 +67,7 @@ def numpy_transformer(params, config, src: np.ndarray, tgt_in: np.ndarray) -> np
             config.norm,
         )
     if config.norm == "pre":
-        final = params["encoder_norm"]
-        x = reference.layer_norm(x, final["scale"], final["bias"])
+        x = _normalized(x, params["encoder_norm"])
     length = tgt_in.shape[1]
     causal = np.tril(np.ones((length, length), bool))[None, None]  # section 3.2.3
     y = embed(tgt_in, "tgt")
@@ -86,8 +92,7 @@ def numpy_transformer(params, config, src: np.ndarray, tgt_in: np.ndarray) -> np
             config.norm,
         )
     if config.norm == "pre":
-        final = params["decoder_norm"]
-        y = reference.layer_norm(y, final["scale"], final["bias"])
+        y = _normalized(y, params["decoder_norm"])
     return y @ table.T  # section 3.4: the pre-softmax linear layer shares the embedding
 
 
@@ -135,7 +140,12 @@ def test_one_incremental_step_at_a_time_is_the_papers(norm, positional):
         np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4, err_msg=position)
 
 
-VARIANTS = [dict(activation="gelu"), dict(activation="swish"), dict(attention_bias=True)]
+VARIANTS = [
+    dict(activation="gelu"),
+    dict(activation="swish"),
+    dict(attention_bias=True),
+    dict(normalization="rms"),
+]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v.values())))
@@ -160,6 +170,12 @@ def test_each_variant_is_the_numpy_models(variant, norm, kernels):
             for path, _ in jax.tree_util.tree_leaves_with_path(
                 params["encoder_0"]["self_attention"]
             )
+        )
+    if config.normalization == "rms":  # RMSNorm has a scale only, and it must count
+        norms = params["encoder_0"]["attention_block"]["norm"]
+        assert set(norms) == {"scale"}
+        params = jax.tree_util.tree_map_with_path(
+            lambda path, p: p * 1.5 if "norm" in jax.tree_util.keystr(path) else p, params
         )
     expected = numpy_transformer(params, config, SRC, TGT_IN)
     got = model.apply({"params": params}, jnp.asarray(SRC), jnp.asarray(TGT_IN))

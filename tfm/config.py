@@ -12,6 +12,7 @@ from typing import Literal
 POSITIONAL_KINDS = ("sinusoidal", "learned")
 NORM_PLACEMENTS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu", "swish")
+NORMALIZATIONS = ("layer", "rms")
 COMPUTE_DTYPES = ("float32", "bfloat16")
 ATTENTION_IMPLEMENTATIONS = ("reference", "xla", "cudnn")
 
@@ -42,6 +43,8 @@ class ModelConfig:
         logits are always float32.
       attention: "reference" (tfm's own Eq. 1), or "xla" / "cudnn" through
         `jax.nn.dot_product_attention`.
+      normalization: "layer" (the paper's layer normalization, scale and bias) or "rms" (RMSNorm,
+        Zhang & Sennrich 2019: x / rms(x) * scale, no mean and no bias), wherever `norm` puts one.
       activation: the FFN's nonlinearity (section 3.3): "relu" (the paper's max(0, x)), "gelu"
         (x Phi(x), the exact erf form) or "swish" (x sigmoid(x), as OPUS-MT's Marian models).
       attention_bias: biases on the Q, K, V and output projections (section 3.2.2 has none;
@@ -65,6 +68,7 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     attention: Literal["reference", "xla", "cudnn"] = "reference"
     remat: bool = False
+    normalization: Literal["layer", "rms"] = "layer"
     activation: Literal["relu", "gelu", "swish"] = "relu"
     attention_bias: bool = False
     layer_norm_epsilon: float = 1e-6
@@ -107,6 +111,7 @@ class ModelConfig:
             "dtype": COMPUTE_DTYPES,
             "attention": ATTENTION_IMPLEMENTATIONS,
             "activation": ACTIVATIONS,
+            "normalization": NORMALIZATIONS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

@@ -53,8 +53,10 @@ def position_ids(length: int) -> Array:
 
 def normalization(config: ModelConfig, ops: Ops) -> nn.Module:
     """The normalization after (post-LN) or before (pre-LN) each sub-layer and, for pre-LN, at
-    the end of each stack: layer normalization (Ba et al., 2016), as section 5.4 applies it."""
-    return ops.LayerNorm(
+    the end of each stack: layer normalization (Ba et al., 2016), as section 5.4 applies it (the
+    op set's), or with `normalization="rms"` Flax's `nn.RMSNorm` (no mean, no bias)."""
+    norm_cls = ops.LayerNorm if config.normalization == "layer" else nn.RMSNorm
+    return norm_cls(
         epsilon=config.layer_norm_epsilon, dtype=compute_dtype(config), param_dtype=jnp.float32
     )
 
